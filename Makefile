@@ -1,0 +1,56 @@
+# KV Cache by the Numbers: build the course, run its tests.
+# `make book` and `make test` each create .venv when it is missing.
+
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: book test lint typecheck unit release check lab serve browser clean
+
+$(STAMP): requirements.txt constraints.txt pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --disable-pip-version-check -r requirements.txt -c constraints.txt
+	$(PY) -m pip install --quiet --disable-pip-version-check --no-deps --no-build-isolation -e .
+	touch $@
+
+## book: generate the exercises, then build the site into _build/html (warnings are errors)
+book: $(STAMP) release
+	$(PY) scripts/build_book.py
+
+## test: lint, type-check, then every test (unit, reference, notebooks, grading, site)
+test: $(STAMP) browser
+	$(PY) -m ruff check kvlib tests scripts nbgrader_config.py
+	$(PY) -m mypy
+	$(PY) -m pytest
+
+lint: $(STAMP)
+	$(PY) -m ruff check kvlib tests scripts nbgrader_config.py
+
+unit: $(STAMP)
+	$(PY) -m pytest -m "not reference and not notebooks and not site"
+
+## release: regenerate exercises/ from solutions/ with nbgrader generate_assignment
+release: $(STAMP)
+	$(PY) scripts/release.py
+
+## check NB=exercises/NN_slug/name.ipynb: self-grade one notebook
+check: $(STAMP)
+	@test -n "$(NB)" || { echo "usage: make check NB=exercises/01_kv_cache/<notebook>.ipynb"; exit 2; }
+	$(PY) -m kvlib grade "$(NB)"
+
+## lab: JupyterLab on the exercises
+lab: $(STAMP)
+	$(VENV)/bin/jupyter lab exercises
+
+## serve: serve the built site on http://127.0.0.1:8000
+serve:
+	test -f _build/html/index.html || $(MAKE) book
+	$(PY) -m http.server --bind 127.0.0.1 --directory _build/html 8000
+
+# Headless Chromium for the site tests (Debian package; never a downloaded browser).
+browser:
+	@command -v chromium >/dev/null 2>&1 || { apt-get update -qq && apt-get install -y -qq --no-install-recommends chromium >/dev/null; }
+
+clean:
+	rm -rf _build .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,106 @@
+"""Typed reads of ``config.json`` fields, each failure naming the field and the fix."""
+
+from __future__ import annotations
+
+import functools
+import json
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+_DEFAULTS_PATH = Path(__file__).parent / "data" / "config_defaults.json"
+
+# Multimodal wrappers keep the language model's fields under one of these keys.
+_TEXT_KEYS = ("text_config", "llm_config", "language_config")
+
+
+class ConfigError(ValueError):
+    """A config.json field is missing, malformed or contradicts another field."""
+
+
+@functools.cache
+def _defaults() -> Mapping[str, Any]:
+    loaded: Mapping[str, Any] = json.loads(_DEFAULTS_PATH.read_text(encoding="utf-8"))
+    return loaded
+
+
+def text_config(data: Mapping[str, Any]) -> Mapping[str, Any]:
+    """The language model's fields, with transformers' defaults for those the file omits.
+
+    Multimodal wrappers nest them under ``text_config`` (Gemma 3, Llava...). A
+    field absent from the file takes the default of its transformers config
+    class (``kvlib/data/config_defaults.json``, extracted from the pinned
+    release): a Gemma 3 ``text_config`` often has no ``num_attention_heads``.
+    """
+    text = data
+    for key in _TEXT_KEYS:
+        nested = data.get(key)
+        if nested is None:
+            continue
+        if not isinstance(nested, Mapping):
+            raise ConfigError(f"field {key!r} must be an object, got {type(nested).__name__}")
+        text = nested
+        break
+    outer_type = data.get("model_type")
+    model_type = text.get("model_type")
+    if text is not data and not isinstance(model_type, str):
+        model_type = _defaults()["text_model_type"].get(outer_type, outer_type)
+    if not isinstance(model_type, str):
+        return text
+    defaults = _defaults()["models"].get(model_type, {})
+    return {**defaults, **text, "model_type": model_type}
+
+
+def get_int(
+    data: Mapping[str, Any], key: str, *, default: int | None = None, minimum: int = 1
+) -> int:
+    """A required integer field (``default`` when absent), at least ``minimum``."""
+    value = get_optional_int(data, key, minimum=minimum)
+    if value is not None:
+        return value
+    if default is not None:
+        return default
+    raise ConfigError(f"missing field {key!r}: add it to the config (an integer >= {minimum})")
+
+
+def get_optional_int(data: Mapping[str, Any], key: str, *, minimum: int = 1) -> int | None:
+    """An integer field that may be absent or null."""
+    value = data.get(key)
+    if value is None:
+        return None
+    # JSON has one number type: accept 4096.0, refuse 4096.5, true and "4096".
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ConfigError(f"field {key!r} must be an integer, got {value!r}")
+    if value < minimum:
+        raise ConfigError(f"field {key!r} must be >= {minimum}, got {value}")
+    return value
+
+
+def get_bool(data: Mapping[str, Any], key: str, *, default: bool = False) -> bool:
+    """A boolean field; absent or null gives ``default``."""
+    value = data.get(key)
+    if value is None:
+        return default
+    if not isinstance(value, bool):
+        raise ConfigError(f"field {key!r} must be true or false, got {value!r}")
+    return value
+
+
+def first_int(data: Mapping[str, Any], keys: tuple[str, ...]) -> int | None:
+    """The first of several spellings of one field that is present (GPT-2's ``n_layer``...)."""
+    for key in keys:
+        value = get_optional_int(data, key)
+        if value is not None:
+            return value
+    return None
+
+
+def require_first_int(data: Mapping[str, Any], keys: tuple[str, ...]) -> int:
+    """Like :func:`first_int` but the field is required."""
+    value = first_int(data, keys)
+    if value is None:
+        spelled = " or ".join(repr(k) for k in keys)
+        raise ConfigError(f"missing field {spelled}: add {keys[0]!r} (a positive integer)")
+    return value

@@ -1,0 +1,76 @@
+"""Write kvlib/data/config_defaults.json: transformers' defaults for the fields kvlib reads.
+
+A config.json may omit a field its config class fills in (a Gemma 3 text_config
+has no num_attention_heads; transformers uses Gemma3TextConfig's 8). kvlib must
+use the same defaults without importing transformers, so they are extracted here
+from the pinned transformers release; tests/test_config.py checks the file is current.
+
+Usage: python scripts/gen_config_defaults.py [--check]
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+OUT = Path(__file__).resolve().parents[1] / "kvlib" / "data" / "config_defaults.json"
+
+FIELDS = (
+    "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "head_dim", "hidden_size",
+    "intermediate_size", "vocab_size", "sliding_window", "use_sliding_window", "max_window_layers",
+    "sliding_window_pattern", "tie_word_embeddings", "attention_bias", "mlp_bias",
+    "kv_lora_rank", "q_lora_rank", "qk_rope_head_dim", "qk_nope_head_dim", "v_head_dim",
+    "n_routed_experts", "num_experts_per_tok", "first_k_dense_replace", "moe_intermediate_size",
+    "n_shared_experts", "num_local_experts", "num_experts", "moe_layer_freq", "multi_query",
+    "new_decoder_architecture", "parallel_attn", "bias", "n_positions", "n_layer", "n_head",
+    "n_embd", "n_inner", "use_bidirectional_attention", "experts_per_token",
+)
+
+
+def _jsonable(value: Any) -> bool:
+    return isinstance(value, (bool, int, float, str))
+
+
+def defaults() -> dict[str, Any]:
+    """``{"models": {model_type: {field: default}}, "text_model_type": {outer: inner}}``."""
+    from transformers import CONFIG_MAPPING
+
+    models: dict[str, dict[str, Any]] = {}
+    text_types: dict[str, str] = {}
+    for model_type in sorted(CONFIG_MAPPING.keys()):
+        try:
+            cls = CONFIG_MAPPING[model_type]
+        except Exception:  # a config class whose optional dependency is missing
+            continue
+        values = {f: getattr(cls, f) for f in FIELDS if _jsonable(getattr(cls, f, None))}
+        if values:
+            models[model_type] = values
+        text_cls = (getattr(cls, "sub_configs", None) or {}).get("text_config")
+        inner = getattr(text_cls, "model_type", None)
+        if isinstance(inner, str) and inner and inner != model_type:
+            text_types[model_type] = inner
+    return {"transformers": _version(), "models": models, "text_model_type": text_types}
+
+
+def _version() -> str:
+    import transformers
+
+    return str(transformers.__version__)
+
+
+def main() -> int:
+    text = json.dumps(defaults(), indent=1, sort_keys=True) + "\n"
+    if "--check" in sys.argv[1:]:
+        if OUT.read_text() != text:
+            print(f"{OUT} is out of date: run python scripts/gen_config_defaults.py")
+            return 1
+        return 0
+    OUT.write_text(text)
+    print(f"wrote {OUT}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

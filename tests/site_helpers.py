@@ -1,0 +1,174 @@
+"""Helpers for tests/test_site.py: the build, the table of contents, a local server.
+
+Kept free of pytest so that each piece can be read on its own.
+"""
+
+from __future__ import annotations
+
+import functools
+import http.server
+import re
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+BUILD_DIR = ROOT / "_build"
+HTML_DIR = BUILD_DIR / "html"
+# Written by scripts/build_book.py after a successful build, and only then.
+BUILD_STAMP = BUILD_DIR / ".kvlib_sources.sha256"
+CHROMIUM = Path("/usr/bin/chromium")
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
+# Inputs of the build: a change to any of them makes _build/html stale.
+BUILD_INPUTS = ["_config.yml", "_toc.yml", "book", "kvlib", "scripts/build_book.py"]
+
+
+@dataclass(frozen=True)
+class TocPage:
+    """One page of the table of contents: its source file and its built HTML."""
+
+    docname: str  # e.g. "book/01_kv_cache/overview"
+    source: Path
+    html: Path
+
+    @property
+    def url_path(self) -> str:
+        return f"{self.docname}.html"
+
+
+def _toc_docnames(entries: list[dict[str, Any]]) -> Iterator[str]:
+    for entry in entries:
+        if "file" in entry:
+            yield str(entry["file"])
+        for key in ("chapters", "sections", "parts"):
+            yield from _toc_docnames(entry.get(key, []))
+
+
+def toc_pages() -> list[TocPage]:
+    """Every page named in _toc.yml, root first, in reading order."""
+    toc = yaml.safe_load((ROOT / "_toc.yml").read_text(encoding="utf-8"))
+    docnames = [str(toc["root"]), *_toc_docnames(toc.get("parts", []) + toc.get("chapters", []))]
+    pages = []
+    for docname in docnames:
+        docname = re.sub(r"\.(md|ipynb)$", "", docname)
+        sources = [ROOT / f"{docname}{ext}" for ext in (".md", ".ipynb")]
+        source = next((s for s in sources if s.is_file()), sources[0])
+        pages.append(TocPage(docname, source, HTML_DIR / f"{docname}.html"))
+    return pages
+
+
+def newest_input_mtime() -> float:
+    """Latest modification time among the files the site is built from."""
+    newest = 0.0
+    for name in BUILD_INPUTS:
+        path = ROOT / name
+        files = [path] if path.is_file() else [p for p in path.rglob("*") if p.is_file()]
+        for file in files:
+            if "__pycache__" in file.parts or ".ipynb_checkpoints" in file.parts:
+                continue
+            newest = max(newest, file.stat().st_mtime)
+    return newest
+
+
+def site_is_current() -> bool:
+    """True when _build/html was completed after the last change to any input."""
+    return (
+        BUILD_STAMP.is_file()
+        and (HTML_DIR / "index.html").is_file()
+        and BUILD_STAMP.stat().st_mtime >= newest_input_mtime()
+    )
+
+
+def build_site() -> subprocess.CompletedProcess[str]:
+    """Run scripts/build_book.py with this interpreter; output is captured."""
+    return subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "build_book.py")],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+
+
+class _QuietHandler(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
+        pass
+
+
+@contextmanager
+def serve_directory(directory: Path) -> Iterator[str]:
+    """Serve ``directory`` on 127.0.0.1 (a free port); yields the base URL."""
+    handler = functools.partial(_QuietHandler, directory=str(directory))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}/"
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=5)
+
+
+# Display math ($$...$$), inline math ($...$) and amsmath environments in MyST source.
+_MATH = re.compile(r"\$\$.+?\$\$|\$[^\s$][^$\n]*\$|\\begin\{(align|equation)", re.DOTALL)
+_INLINE_CODE = re.compile(r"`[^`\n]*`")
+_FENCE_LINE = re.compile(r"^(`{3,}|~{3,})\s*(\S*)")
+
+
+def prose_lines(text: str) -> str:
+    """MyST text without code: code cells and plain fenced blocks are dropped.
+
+    Directive fences (```{math}, ```{admonition}) are kept, because they hold math
+    and prose; a fence closes on a line of the same marker with no info string.
+    """
+    kept: list[str] = []
+    stack: list[tuple[str, bool]] = []  # (marker, is_code) of the open fences
+    for line in text.splitlines():
+        match = _FENCE_LINE.match(line.strip())
+        if match and stack and match.group(1) == stack[-1][0] and not match.group(2):
+            stack.pop()
+            continue
+        if match and match.group(2) and not (stack and stack[-1][1]):
+            info = match.group(2)
+            stack.append((match.group(1), info == "{code-cell}" or not info.startswith("{")))
+            continue
+        if match and not match.group(2) and not stack:
+            stack.append((match.group(1), True))
+            continue
+        if not any(is_code for _, is_code in stack):
+            kept.append(line)
+    return _INLINE_CODE.sub("", "\n".join(kept))
+
+
+def source_has_math(source: Path) -> bool:
+    """True when a page's Markdown holds math outside code (MathJax must typeset it)."""
+    return bool(_MATH.search(prose_lines(source.read_text(encoding="utf-8"))))
+
+
+def source_has_plot(source: Path) -> bool:
+    """True when a page's code draws a matplotlib figure (the page must show an image)."""
+    return "plt." in source.read_text(encoding="utf-8")
+
+
+_ID = re.compile(r"""\bid=["']([^"']+)["']""")
+
+
+@functools.cache
+def html_ids(path: Path) -> frozenset[str]:
+    """Every element id in a built HTML file (anchor targets)."""
+    return frozenset(_ID.findall(path.read_text(encoding="utf-8", errors="replace")))
