@@ -41,14 +41,21 @@ def text_config(data: Mapping[str, Any]) -> Mapping[str, Any]:
             raise ConfigError(f"field {key!r} must be an object, got {type(nested).__name__}")
         text = nested
         break
-    outer_type = data.get("model_type")
-    model_type = text.get("model_type")
-    if text is not data and not isinstance(model_type, str):
+    outer_type = _model_type(data)
+    model_type = _model_type(text)
+    if text is not data and model_type is None and outer_type is not None:
         model_type = _defaults()["text_model_type"].get(outer_type, outer_type)
-    if not isinstance(model_type, str):
+    if model_type is None:
         return text
     defaults = _defaults()["models"].get(model_type, {})
     return {**defaults, **text, "model_type": model_type}
+
+
+def _model_type(data: Mapping[str, Any]) -> str | None:
+    value = data.get("model_type")
+    if value is not None and not isinstance(value, str):
+        raise ConfigError(f"field 'model_type' must be a string, got {value!r}")
+    return value
 
 
 def get_int(

@@ -114,13 +114,13 @@ def layer_kinds(
 ) -> tuple[tuple[Kind, ...], int | None]:
     """The attention kind of each layer, and the sliding window if any layer uses it."""
     if is_mla:
-        return ("mla",) * num_layers, None
+        return _same("mla", num_layers), None
     window = sliding_window(text)
     declared = text.get("layer_types")
     if declared is not None:
         kinds = _from_layer_types(declared, num_layers)
     elif window is None:
-        kinds = ("full",) * num_layers
+        kinds = _same("full", num_layers)
     else:
         kinds = _implicit_kinds(text, num_layers)
     if "sliding" not in kinds:
@@ -156,11 +156,19 @@ def _implicit_kinds(text: Mapping[str, Any], num_layers: int) -> tuple[Kind, ...
         str(text.get("model_type"))
     )
     if pattern is not None:
-        return tuple("sliding" if (i + 1) % pattern else "full" for i in range(num_layers))
+        return tuple(_kind(bool((i + 1) % pattern)) for i in range(num_layers))
     if "use_sliding_window" in text:
         # Qwen2-style: the first max_window_layers layers keep full attention.
         first_sliding = get_optional_int(text, "max_window_layers", minimum=0)
         first_sliding = num_layers if first_sliding is None else first_sliding
-        return tuple("sliding" if i >= first_sliding else "full" for i in range(num_layers))
+        return tuple(_kind(i >= first_sliding) for i in range(num_layers))
     # Mistral, Phi-3: a window and nothing else means every layer slides.
-    return ("sliding",) * num_layers
+    return _same("sliding", num_layers)
+
+
+def _kind(sliding: bool) -> Kind:
+    return "sliding" if sliding else "full"
+
+
+def _same(kind: Kind, num_layers: int) -> tuple[Kind, ...]:
+    return tuple(kind for _ in range(num_layers))

@@ -36,7 +36,9 @@ def _parser() -> argparse.ArgumentParser:
     size.add_argument("--weight-dtype", default="bf16", help="weight element type (bf16)")
     size.add_argument("--gpu", help=f"one of {', '.join(gpu_names())}")
     size.add_argument(
-        "--gpu-memory-utilization", type=float, default=0.9,
+        "--gpu-memory-utilization",
+        type=float,
+        default=0.9,
         help="fraction of GPU memory for weights and cache, as in vLLM (0.9)",
     )
     size.add_argument("--tp", type=int, default=1, help="tensor-parallel GPUs (1)")
@@ -86,7 +88,8 @@ def _dtype(flag: str, value: str) -> str:
     try:
         return check_dtype(value)
     except ValueError:
-        raise UsageError(f"{flag} {value!r} is not a dtype: use one of {', '.join(DTYPE_BITS)}")
+        known = ", ".join(DTYPE_BITS)
+        raise UsageError(f"{flag} {value!r} is not a dtype: use one of {known}") from None
 
 
 def size_report(args: argparse.Namespace) -> dict[str, Any]:
@@ -117,7 +120,11 @@ def size_report(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _deployment(
-    cfg: ModelConfig, args: argparse.Namespace, gpu: GPUSpec | None, kv_dtype: str, weight_dtype: str
+    cfg: ModelConfig,
+    args: argparse.Namespace,
+    gpu: GPUSpec | None,
+    kv_dtype: str,
+    weight_dtype: str,
 ) -> dict[str, Any]:
     """Seats, context and speed bounds on ``args.tp`` GPUs."""
     per_gpu_kv = sizing.kv_bytes_per_gpu(cfg, args.context, kv_dtype, args.tp)
@@ -164,18 +171,25 @@ def render(report: dict[str, Any]) -> str:
         ("model", f"{report['model']} ({report['attention']})"),
         ("layers", layers),
         ("KV heads x head dim", f"{report['num_key_value_heads']} x {report['head_dim']}"),
-        (f"KV per token ({report['kv_dtype']})", f"{b(report['kv_bytes_per_token'])} "
-         f"({report['kv_bytes_per_token']:,} B)"),
-        (f"KV for {report['context_tokens']:,} tokens", f"{b(report['kv_bytes'])} "
-         f"({report['kv_bytes']:,} B)"),
+        (
+            f"KV per token ({report['kv_dtype']})",
+            f"{b(report['kv_bytes_per_token'])} ({report['kv_bytes_per_token']:,} B)",
+        ),
+        (
+            f"KV for {report['context_tokens']:,} tokens",
+            f"{b(report['kv_bytes'])} ({report['kv_bytes']:,} B)",
+        ),
         (f"KV for batch of {report['batch']}", b(report["kv_bytes_batch"])),
         ("parameters", f"{report['param_count'] / 1e9:,.2f} B"),
         (f"weights ({report['weight_dtype']})", b(report["weight_bytes"])),
     ]
     if "gpu" in report:
         rows += [
-            ("GPU", f"{report['gpu']} x {report['tp']}, {b(report['gpu_memory_bytes'])} each, "
-             f"{report['gpu_memory_utilization']:.0%} usable"),
+            (
+                "GPU",
+                f"{report['gpu']} x {report['tp']}, {b(report['gpu_memory_bytes'])} each, "
+                f"{report['gpu_memory_utilization']:.0%} usable",
+            ),
             ("weights per GPU", b(report["weight_bytes_per_gpu"])),
             ("min GPUs for weights", str(report["min_gpus"])),
             ("valid TP degrees", ", ".join(map(str, report["valid_tp_degrees"]))),
@@ -187,9 +201,13 @@ def render(report: dict[str, Any]) -> str:
             (f"seats at {report['context_tokens']:,} tokens", str(report["seats"])),
         ]
     if "decode_tokens_per_s_bound" in report:
-        rows.append(("decode bound per sequence",
-                     f"{report['decode_tokens_per_s_bound']:,.1f} tokens/s "
-                     f"({format_rate(report['hbm_bandwidth_bytes_per_s'])})"))
+        rows.append(
+            (
+                "decode bound per sequence",
+                f"{report['decode_tokens_per_s_bound']:,.1f} tokens/s "
+                f"({format_rate(report['hbm_bandwidth_bytes_per_s'])})",
+            )
+        )
     if report.get("fits") is False:
         rows.append(("note", "the weights do not fit: raise --tp or lower --weight-dtype"))
     width = max(len(k) for k, _ in rows)

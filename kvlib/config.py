@@ -59,7 +59,7 @@ class MLAConfig:
 
     @property
     def latent_dim(self) -> int:
-        """Elements cached per token per layer by vLLM/SGLang: ``kv_lora_rank + qk_rope_head_dim``."""
+        """Elements vLLM caches per token per layer: ``kv_lora_rank + qk_rope_head_dim``."""
         return self.kv_lora_rank + self.qk_rope_head_dim
 
     @property

@@ -27,12 +27,10 @@ _ALIASES = {
 
 
 def check_dtype(name: str) -> str:
-    """The canonical name of a dtype (``"bfloat16"`` -> ``"bf16"``), or a ValueError listing them."""
+    """The canonical name of a dtype (``"bfloat16"`` -> ``"bf16"``); a ValueError lists them."""
     canonical = _ALIASES.get(name, name) if isinstance(name, str) else name
     if canonical not in DTYPE_BITS:
-        raise ValueError(
-            f"unknown dtype {name!r}: use one of {', '.join(DTYPE_BITS)}"
-        )
+        raise ValueError(f"unknown dtype {name!r}: use one of {', '.join(DTYPE_BITS)}")
     return str(canonical)
 
 

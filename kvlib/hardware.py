@@ -60,9 +60,17 @@ def _spec(
     )
 
 
-_A100 = "NVIDIA A100 Tensor Core GPU datasheet (2021), SXM column; L2 from the Ampere GA100 whitepaper"
-_H100 = "NVIDIA H100 Tensor Core GPU datasheet (2023); dense = half the sparse figures; L2 from the Hopper whitepaper"
-_ADA = "NVIDIA Ada Lovelace architecture whitepaper v1.1, appendix tables (FP32-accumulate tensor rates)"
+_A100 = (
+    "NVIDIA A100 Tensor Core GPU datasheet (2021), SXM column; L2 from the Ampere GA100 whitepaper"
+)
+_H100 = (
+    "NVIDIA H100 Tensor Core GPU datasheet (2023); dense = half the sparse figures; "
+    "L2 from the Hopper whitepaper"
+)
+_ADA = (
+    "NVIDIA Ada Lovelace architecture whitepaper v1.1, appendix tables "
+    "(FP32-accumulate tensor rates)"
+)
 
 GPUS: dict[str, GPUSpec] = {
     spec.name: spec
@@ -71,12 +79,44 @@ GPUS: dict[str, GPUSpec] = {
         _spec("A100-80GB", 80, 2.039, 312, None, 40, _A100),
         _spec("H100-SXM", 80, 3.35, 989.4, 1978.9, 50, _H100 + ", SXM column"),
         _spec("H100-PCIe", 80, 2.0, 756.5, 1513, 50, _H100 + ", PCIe column"),
-        _spec("H200", 141, 4.8, 989.4, 1978.9, 50, "NVIDIA H200 Tensor Core GPU datasheet (2024), SXM column"),
-        _spec("B200", 180, 8.0, 2250, 4500, None, "NVIDIA HGX B200 datasheet (2025), per GPU; L2 not published"),
+        _spec(
+            "H200",
+            141,
+            4.8,
+            989.4,
+            1978.9,
+            50,
+            "NVIDIA H200 Tensor Core GPU datasheet (2024), SXM column",
+        ),
+        _spec(
+            "B200",
+            180,
+            8.0,
+            2250,
+            4500,
+            None,
+            "NVIDIA HGX B200 datasheet (2025), per GPU; L2 not published",
+        ),
         _spec("L4", 24, 0.3, 121, 242.5, 48, "NVIDIA L4 Tensor Core GPU datasheet (2023); " + _ADA),
         _spec("L40S", 48, 0.864, 362.05, 733, 96, "NVIDIA L40S GPU datasheet (2023); " + _ADA),
-        _spec("RTX-4090", 24, 1.008, 165.2, 330.3, 72, "NVIDIA GeForce RTX 4090 specifications; " + _ADA),
-        _spec("MI300X", 192, 5.3, 1307.4, 2614.9, 32, "AMD Instinct MI300X data sheet (2023); L2 4 MB x 8 XCDs, CDNA 3 whitepaper"),
+        _spec(
+            "RTX-4090",
+            24,
+            1.008,
+            165.2,
+            330.3,
+            72,
+            "NVIDIA GeForce RTX 4090 specifications; " + _ADA,
+        ),
+        _spec(
+            "MI300X",
+            192,
+            5.3,
+            1307.4,
+            2614.9,
+            32,
+            "AMD Instinct MI300X data sheet (2023); L2 4 MB x 8 XCDs, CDNA 3 whitepaper",
+        ),
     )
 }
 
@@ -113,9 +153,7 @@ def get_gpu(name: str) -> GPUSpec:
     try:
         return gpu_from_torch_name(name)
     except KeyError:
-        raise KeyError(
-            f"unknown GPU {name!r}: use one of {', '.join(GPUS)}"
-        ) from None
+        raise KeyError(f"unknown GPU {name!r}: use one of {', '.join(GPUS)}") from None
 
 
 def gpu_from_torch_name(device_name: str) -> GPUSpec:

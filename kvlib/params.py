@@ -119,7 +119,11 @@ def _mla_attention(cfg: ModelConfig) -> int:
         query = h * heads * m.qk_head_dim
     else:
         query = h * m.q_lora_rank + m.q_lora_rank + m.q_lora_rank * heads * m.qk_head_dim
-    kv = h * m.latent_dim + m.kv_lora_rank + m.kv_lora_rank * heads * (m.qk_nope_head_dim + m.v_head_dim)
+    kv = (
+        h * m.latent_dim
+        + m.kv_lora_rank
+        + m.kv_lora_rank * heads * (m.qk_nope_head_dim + m.v_head_dim)
+    )
     out = heads * m.v_head_dim * h
     bias = 0
     if get_bool(cfg.raw, "attention_bias"):

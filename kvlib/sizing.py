@@ -15,9 +15,8 @@ before the same point). An MLA layer caches one latent of
 
 from __future__ import annotations
 
-from typing import Literal
-
 import math
+from typing import Literal
 
 from kvlib.config import LayerKind, ModelConfig
 from kvlib.dtypes import bytes_for, check_dtype
@@ -107,7 +106,7 @@ def kv_bytes_per_token(
 
 
 def tokens_held(cfg: ModelConfig, layer: int, context_tokens: int) -> int:
-    """Tokens layer ``layer`` keeps for a sequence of ``context_tokens``: ``min(T, W - 1)`` if sliding."""
+    """Tokens that layer ``layer`` keeps of a sequence: ``min(T, W - 1)`` if it slides, else T."""
     _check_tokens(context_tokens)
     if cfg.layer_kinds[layer] == "sliding" and cfg.sliding_window is not None:
         return min(context_tokens, cfg.sliding_window - 1)

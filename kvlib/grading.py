@@ -1,0 +1,228 @@
+"""Answer checks for the graded notebooks: right or wrong, and if wrong, why.
+
+``expect(answer, expected, ...)`` passes silently when ``answer`` is within the
+stated tolerance of ``expected``. Otherwise it raises ``AssertionError`` whose
+message names the most likely slip: a wrong value the challenge lists in
+``mistakes`` (a hint mapped to the value that slip produces), or a generic
+factor between the answer and the right value:
+
+- x2: the factor 2 for keys and values left out or counted twice;
+- x8: bits where bytes were asked (or the reverse);
+- 1.024, 1.024**2, 1.024**3: KiB/MiB/GiB read as KB/MB/GB (or the reverse);
+- x L: one layer's value instead of all ``num_layers`` (or the reverse);
+- x H/H_kv: attention heads used where the cache stores KV heads.
+
+The message never contains ``expected`` (learners see it in their feedback),
+only the learner's own answer and the name of the mistake.
+
+Only real numbers of an exact builtin type (``int``, ``float``) or a NumPy
+scalar type are accepted: ``bool``, strings, ``NaN``, infinities, subclasses
+and objects with their own ``__eq__`` are refused before any comparison, so
+an object that claims to equal everything cannot pass.
+
+This module imports nothing beyond the standard library: graded notebooks
+import it, and grading must stay fast.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+from collections.abc import Mapping
+from typing import NamedTuple
+
+__all__ = ["Mistake", "describe_type_problem", "diagnose", "expect", "real_value"]
+
+# NumPy scalar types accepted as answers (looked up by identity in the loaded
+# numpy module, never by name alone: a class can claim any __module__).
+_NUMPY_REAL_TYPES = (
+    "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
+    "float16", "float32", "float64", "longdouble",
+)  # fmt: skip
+
+# Tolerance used to recognise a slip: the wrong value it produces is computed
+# exactly, so a close match is a confident diagnosis.
+_MISTAKE_REL = 1e-6
+
+
+class Mistake(NamedTuple):
+    """A slip a learner can make, and the ratio (answer / right value) it produces."""
+
+    hint: str
+    factor: float
+
+
+def _generic_mistakes(
+    num_layers: int | None, num_attention_heads: int | None, num_kv_heads: int | None
+) -> list[Mistake]:
+    """Generic slips, as factors of the right value, most common first."""
+    found = [
+        Mistake("did you leave out the factor 2 for keys and values (one K and one V "
+                "per head)?", 0.5),
+        Mistake("did you count keys and values twice, or use 2 bytes where the element "
+                "is 1 byte?", 2.0),
+        Mistake("did you give bits where bytes were asked? (1 byte = 8 bits)", 8.0),
+        Mistake("did you divide by 8 once too often, treating bytes as bits?", 1 / 8),
+    ]  # fmt: skip
+    for power, (binary, decimal) in enumerate(
+        (("KiB", "KB"), ("MiB", "MB"), ("GiB", "GB")), start=1
+    ):
+        factor = 1.024**power
+        found.append(Mistake(
+            f"did you mix {binary} (1024^{power} bytes) with {decimal} (1000^{power} bytes)? "
+            f"The answer is off by exactly 1.024^{power}.", factor))
+        found.append(Mistake(
+            f"did you mix {decimal} (1000^{power} bytes) with {binary} (1024^{power} bytes)? "
+            f"The answer is off by exactly 1.024^{power}.", 1 / factor))  # fmt: skip
+    if num_layers is not None and num_layers > 1:
+        found.append(Mistake(f"this is one layer's share: multiply by all {num_layers} layers.",
+                             1 / num_layers))
+        found.append(Mistake(f"did you multiply by the {num_layers} layers twice, or give a "
+                             "total where one layer's value was asked?", float(num_layers)))
+    if num_attention_heads and num_kv_heads and num_attention_heads != num_kv_heads:
+        ratio = num_attention_heads / num_kv_heads
+        found.append(Mistake(
+            f"did you use the {num_attention_heads} attention (query) heads instead of the "
+            f"{num_kv_heads} KV heads? Only KV heads are cached.", ratio))  # fmt: skip
+    return found
+
+
+def describe_type_problem(type_name: str, name: str = "answer", unit: str = "") -> str:
+    """Why an answer of type ``type_name`` cannot be graded, and what to give instead."""
+    want = f"a plain int or float{f' (in {unit})' if unit else ''}"
+    if type_name in ("builtins.bool", "numpy.bool_", "numpy.bool"):
+        return f"{name} is a bool (True/False); give {want}."
+    if type_name == "builtins.str":
+        return f"{name} is a string; give {want}, without quotes."
+    if type_name == "builtins.NoneType":
+        return f"{name} is None; assign your number to it."
+    if type_name == "builtins.ellipsis":
+        return f"{name} is still the placeholder `...`; assign your number to it."
+    return f"{name} is of type {type_name}; give {want}, e.g. int(x) or float(x)."
+
+
+def _type_name(value: object) -> str:
+    cls = type(value)
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+def _numpy_real(value: object) -> float | int | None:
+    """``value`` as a builtin number if it is a genuine NumPy real scalar, else None."""
+    cls = type(value)
+    numpy = sys.modules.get("numpy")
+    if numpy is None or cls.__module__ != "numpy" or cls.__name__ not in _NUMPY_REAL_TYPES:
+        return None
+    if getattr(numpy, cls.__name__, None) is not cls:
+        return None
+    item = value.item()  # type: ignore[attr-defined]
+    return item if type(item) in (int, float) else float(item)
+
+
+def real_value(answer: object, name: str = "answer", unit: str = "") -> float | int:
+    """``answer`` as a builtin int or float, or AssertionError saying why it is refused.
+
+    ``type(answer) is int`` rather than ``isinstance``: subclasses (``bool``
+    among them) could override ``__eq__`` or arithmetic and are refused.
+    """
+    value: float | int | None
+    if type(answer) is int or type(answer) is float:
+        value = answer
+    else:
+        value = _numpy_real(answer)
+    if value is None:
+        raise AssertionError(describe_type_problem(_type_name(answer), name, unit))
+    if isinstance(value, float) and not math.isfinite(value):
+        raise AssertionError(f"{name} is {value!r}; give a finite number.")
+    return value
+
+
+def _ratio_text(ratio: float) -> str:
+    if ratio >= 1:
+        return f"about {ratio:.3g}x too large"
+    return f"about {1 / ratio:.3g}x too small"
+
+
+def diagnose(
+    value: float,
+    expected: float,
+    mistakes: Mapping[str, float] | None = None,
+    *,
+    num_layers: int | None = None,
+    num_attention_heads: int | None = None,
+    num_kv_heads: int | None = None,
+    generic: bool = True,
+) -> str | None:
+    """The hint for the first known slip that produces ``value``, or None.
+
+    Challenge-specific ``mistakes`` (exact wrong values) are tried first, then
+    the generic factors one at a time, then pairs of them (two slips at once).
+    """
+    for hint, wrong in (mistakes or {}).items():
+        if wrong != expected and math.isclose(value, wrong, rel_tol=_MISTAKE_REL):
+            return hint
+    if not generic or expected == 0 or value == 0:
+        return None
+    ratio = value / expected
+    generic = _generic_mistakes(num_layers, num_attention_heads, num_kv_heads)
+    for slip in generic:
+        if math.isclose(ratio, slip.factor, rel_tol=_MISTAKE_REL):
+            return f"{_ratio_text(ratio)}: {slip.hint}"
+    for i, first in enumerate(generic):
+        for second in generic[i + 1:]:
+            if math.isclose(ratio, first.factor * second.factor, rel_tol=_MISTAKE_REL):
+                return f"{_ratio_text(ratio)}, two slips: {first.hint} And {second.hint}"
+    return None
+
+
+def expect(
+    answer: object,
+    expected: float,
+    *,
+    rel: float = 1e-9,
+    abs: float = 0.0,  # noqa: A002 - mirrors math.isclose / pytest.approx
+    unit: str = "",
+    name: str = "answer",
+    integer: bool = False,
+    mistakes: Mapping[str, float] | None = None,
+    generic: bool = True,
+    num_layers: int | None = None,
+    num_attention_heads: int | None = None,
+    num_kv_heads: int | None = None,
+) -> None:
+    """Pass if ``answer`` is within ``rel``/``abs`` of ``expected``; else say what went wrong.
+
+    ``integer=True`` also requires a whole number (a count of bytes or seats).
+    ``mistakes`` maps a hint to the wrong value that slip produces, computed by
+    the test from the challenge's numbers. ``generic=False`` turns off the
+    generic factor checks (for quantities where "forgot the 2 for K and V"
+    would be a wrong diagnosis). ``num_layers`` and the head counts enable the
+    per-layer and query-vs-KV-head checks.
+    """
+    if type(expected) not in (int, float) or not math.isfinite(expected):
+        raise TypeError(f"expected must be a finite int or float, got {type(expected).__name__}")
+    value = real_value(answer, name, unit)
+    in_unit = f" (in {unit})" if unit else ""
+    if integer and value != int(value):
+        raise AssertionError(
+            f"{name} = {value!r} is not a whole number{in_unit}: a fraction of a byte or of a "
+            "seat does not exist. Round down to what fits."
+        )
+    if math.isclose(value, expected, rel_tol=rel, abs_tol=abs):
+        return
+    hint = diagnose(
+        value,
+        expected,
+        mistakes,
+        num_layers=num_layers,
+        num_attention_heads=num_attention_heads,
+        num_kv_heads=num_kv_heads,
+        generic=generic,
+    )
+    if hint is None:
+        side = "too large" if value > expected else "too small"
+        tolerance = f"within {rel:.0%}" if rel >= 1e-4 else "exactly"
+        hint = (
+            f"it is {side}, and not {tolerance} right. Recheck each factor of the "
+            f"formula and the unit{in_unit}."
+        )
+    raise AssertionError(f"{name} = {value!r}{in_unit} is wrong: {hint}")

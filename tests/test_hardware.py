@@ -1,0 +1,54 @@
+"""kvlib.hardware: lookups and the datasheet figures the book quotes."""
+
+from __future__ import annotations
+
+import pytest
+
+from kvlib.hardware import GPUS, get_gpu, gpu_from_torch_name, gpu_names
+from kvlib.units import GiB
+
+
+@pytest.mark.parametrize(
+    ("device_name", "row"),
+    [
+        ("NVIDIA H100 80GB HBM3", "H100-SXM"),
+        ("NVIDIA H100 PCIe", "H100-PCIe"),
+        ("NVIDIA H200", "H200"),
+        ("NVIDIA A100-SXM4-80GB", "A100-80GB"),
+        ("NVIDIA A100-SXM4-40GB", "A100-40GB"),
+        ("NVIDIA L4", "L4"),
+        ("NVIDIA L40S", "L40S"),
+        ("NVIDIA GeForce RTX 4090", "RTX-4090"),
+        ("AMD Instinct MI300X", "MI300X"),
+    ],
+)
+def test_torch_device_names(device_name: str, row: str) -> None:
+    assert gpu_from_torch_name(device_name).name == row
+
+
+def test_lookup_ignores_case_and_punctuation() -> None:
+    assert get_gpu("h100 sxm") is GPUS["H100-SXM"]
+    assert get_gpu("rtx4090") is GPUS["RTX-4090"]
+    with pytest.raises(KeyError, match="H100-SXM"):
+        get_gpu("V100")
+
+
+def test_every_row_cites_a_source_and_is_dense() -> None:
+    for name in gpu_names():
+        spec = GPUS[name]
+        assert "datasheet" in spec.source or "whitepaper" in spec.source or "sheet" in spec.source
+        # Dense fp8 is twice dense bf16 on every card that has fp8.
+        if spec.fp8_dense_flops_per_s is not None:
+            ratio = spec.fp8_dense_flops_per_s / spec.bf16_dense_flops_per_s
+            assert ratio == pytest.approx(2, rel=0.03)  # L40S sheet: 362.05 vs 733
+
+
+def test_datasheet_figures() -> None:
+    h100 = get_gpu("H100-SXM")
+    assert h100.memory_bytes == 80 * GiB
+    assert h100.hbm_bandwidth_bytes_per_s == 3.35e12
+    assert h100.bf16_dense_flops_per_s == pytest.approx(989.4e12)
+    # Roofline ridge: about 295 FLOPs per byte on an H100 SXM.
+    assert h100.ridge_flops_per_byte == pytest.approx(295.3, abs=0.1)
+    # The course brief's 24 GB card with a 1008 GB/s bus is an RTX 4090.
+    assert get_gpu("RTX-4090").hbm_bandwidth_bytes_per_s == 1.008e12
