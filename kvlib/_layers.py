@@ -14,7 +14,8 @@ from kvlib._fields import (
     require_first_int,
 )
 
-Kind = Literal["full", "sliding", "mla"]
+LayerKind = Literal["full", "sliding", "mla", "shared"]
+Kind = LayerKind
 
 _LAYERS = ("num_hidden_layers", "n_layer", "n_layers", "num_layers")
 _HEADS = ("num_attention_heads", "n_head", "n_heads", "num_heads")
@@ -30,6 +31,21 @@ _LAYER_TYPE_NAMES: dict[str, Kind] = {
 # has none: layer i slides unless (i + 1) is a multiple of the pattern
 # (Gemma2Config, Gemma3TextConfig, Cohere2Config in transformers).
 _DEFAULT_PATTERNS = {"gemma2": 2, "gemma3": 6, "gemma3_text": 6, "cohere2": 4}
+
+
+@dataclass(frozen=True)
+class LayerSpec:
+    """What one layer caches per token.
+
+    ``kind``: ``"full"`` keeps every token, ``"sliding"`` at most ``window - 1``
+    past tokens, ``"mla"`` one latent per token, ``"shared"`` nothing (it reads
+    another layer's cache). Heads and head size may differ from layer to layer.
+    """
+
+    kind: LayerKind
+    num_key_value_heads: int
+    head_dim: int
+    window: int | None = None
 
 
 @dataclass(frozen=True)
@@ -172,3 +188,18 @@ def _kind(sliding: bool) -> Kind:
 
 def _same(kind: Kind, num_layers: int) -> tuple[Kind, ...]:
     return tuple(kind for _ in range(num_layers))
+
+
+def layer_specs(
+    text: Mapping[str, Any], kinds: tuple[Kind, ...], window: int | None, heads: Heads
+) -> tuple[LayerSpec, ...]:
+    """One :class:`LayerSpec` per layer: the shared head shape and each layer's window."""
+    return tuple(
+        LayerSpec(
+            kind=kind,
+            num_key_value_heads=heads.num_kv_heads,
+            head_dim=heads.head_dim,
+            window=window if kind == "sliding" else None,
+        )
+        for kind in kinds
+    )

@@ -13,22 +13,22 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from kvlib import _layers
 from kvlib._fields import ConfigError, get_bool, get_int, get_optional_int, text_config
+from kvlib._layers import LayerKind, LayerSpec
 
 __all__ = [
     "ConfigError",
     "LayerKind",
+    "LayerSpec",
     "MLAConfig",
     "ModelConfig",
     "bundled_config_path",
     "bundled_models",
     "load_config",
 ]
-
-LayerKind = Literal["full", "sliding", "mla"]
 
 _DATA_DIR = Path(__file__).parent / "data" / "configs"
 
@@ -72,9 +72,10 @@ class MLAConfig:
 class ModelConfig:
     """The architecture fields of one decoder model, normalised across families.
 
-    ``layer_kinds[i]`` is the attention kind of layer ``i``: ``"full"`` (keeps
-    every token), ``"sliding"`` (keeps at most the window) or ``"mla"``.
-    ``raw`` is the (text) config as read, for fields only some families have.
+    ``layers[i]`` is the cache shape of layer ``i`` (:class:`LayerSpec`);
+    ``num_key_value_heads`` and ``head_dim`` are those of the first layer of
+    standard attention. ``raw`` is the (text) config as read, with
+    transformers' defaults filled in, for fields only some families have.
     """
 
     name: str
@@ -84,7 +85,7 @@ class ModelConfig:
     num_key_value_heads: int
     head_dim: int
     hidden_size: int
-    layer_kinds: tuple[LayerKind, ...]
+    layers: tuple[LayerSpec, ...]
     sliding_window: int | None
     mla: MLAConfig | None
     vocab_size: int
@@ -94,6 +95,11 @@ class ModelConfig:
     raw: Mapping[str, Any] = field(repr=False, compare=False)
 
     @property
+    def layer_kinds(self) -> tuple[LayerKind, ...]:
+        """The attention kind of every layer, in order."""
+        return tuple(layer.kind for layer in self.layers)
+
+    @property
     def num_sliding_layers(self) -> int:
         """How many layers use a sliding window."""
         return self.layer_kinds.count("sliding")
@@ -101,7 +107,7 @@ class ModelConfig:
     @property
     def num_full_layers(self) -> int:
         """How many layers keep every token (full attention or MLA)."""
-        return len(self.layer_kinds) - self.num_sliding_layers
+        return sum(kind in ("full", "mla") for kind in self.layer_kinds)
 
     @property
     def attention_type(self) -> str:
@@ -166,6 +172,7 @@ def from_dict(data: Mapping[str, Any], *, name: str = "custom") -> ModelConfig:
     # An MLA head's query/key width is qk_nope + qk_rope, whatever hidden/heads gives.
     heads = _layers.attention_heads({**text, "head_dim": mla.qk_head_dim} if mla else text)
     kinds, window = _layers.layer_kinds(text, heads.num_layers, is_mla=mla is not None)
+    layers = _layers.layer_specs(text, kinds, window, heads)
     model_type = text.get("model_type", data.get("model_type", "unknown"))
     return ModelConfig(
         name=name,
@@ -175,7 +182,7 @@ def from_dict(data: Mapping[str, Any], *, name: str = "custom") -> ModelConfig:
         num_key_value_heads=heads.num_kv_heads,
         head_dim=heads.head_dim,
         hidden_size=heads.hidden_size,
-        layer_kinds=kinds,
+        layers=layers,
         sliding_window=window,
         mla=mla,
         vocab_size=get_int(text, "vocab_size", default=_vocab_default(text)),

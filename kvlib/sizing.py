@@ -18,7 +18,7 @@ from __future__ import annotations
 import math
 from typing import Literal
 
-from kvlib.config import LayerKind, ModelConfig
+from kvlib.config import LayerSpec, ModelConfig
 from kvlib.dtypes import bytes_for, check_dtype
 from kvlib.hardware import GPUSpec
 from kvlib.params import active_param_count, param_count
@@ -70,10 +70,12 @@ def kv_bytes_per_token_dense(
     return int(total)
 
 
-def _elements_per_token(cfg: ModelConfig, kind: LayerKind, mla_layout: MLALayout) -> int:
-    """Cached elements per token in one layer of the given kind."""
-    if kind != "mla":
-        return 2 * cfg.num_key_value_heads * cfg.head_dim
+def _elements_per_token(cfg: ModelConfig, layer: LayerSpec, mla_layout: MLALayout) -> int:
+    """Cached elements per token in one layer."""
+    if layer.kind == "shared":
+        return 0
+    if layer.kind != "mla":
+        return 2 * layer.num_key_value_heads * layer.head_dim
     if cfg.mla is None:
         raise ValueError(f"{cfg.name} has no MLA fields but a layer is marked 'mla'")
     if mla_layout == "latent":
@@ -90,7 +92,7 @@ def kv_bytes_per_token_per_layer(
     """Bytes one token adds to layer ``layer`` (0-based) while under its window."""
     if not 0 <= layer < cfg.num_hidden_layers:
         raise ValueError(f"layer must be in [0, {cfg.num_hidden_layers}), got {layer}")
-    elements = _elements_per_token(cfg, cfg.layer_kinds[layer], mla_layout)
+    elements = _elements_per_token(cfg, cfg.layers[layer], mla_layout)
     return bytes_for(elements, kv_dtype)
 
 
@@ -108,9 +110,13 @@ def kv_bytes_per_token(
 def tokens_held(cfg: ModelConfig, layer: int, context_tokens: int) -> int:
     """Tokens that layer ``layer`` keeps of a sequence: ``min(T, W - 1)`` if it slides, else T."""
     _check_tokens(context_tokens)
-    if cfg.layer_kinds[layer] == "sliding" and cfg.sliding_window is not None:
-        return min(context_tokens, cfg.sliding_window - 1)
-    return context_tokens
+    cap = _cap(cfg.layers[layer])
+    return context_tokens if cap is None else min(context_tokens, cap)
+
+
+def _cap(layer: LayerSpec) -> int | None:
+    """Most tokens a layer keeps: ``W - 1`` for a sliding window, else unbounded (None)."""
+    return None if layer.window is None else layer.window - 1
 
 
 def kv_bytes_by_layer(
@@ -164,28 +170,33 @@ def max_context_tokens(
 ) -> int | None:
     """Longest context each of ``batch`` sequences can reach within ``free_bytes``.
 
-    Below every window the cache grows by ``kv_bytes_per_token`` a token; past
-    ``W - 1`` tokens only the full-attention (and MLA) layers keep growing.
-    Returns None when every layer slides and the capped cache fits: then KV
-    memory sets no limit (the model's position limit still does).
+    The cache is ``sum_l b_l x min(T, cap_l)``: it grows by ``kv_bytes_per_token``
+    a token until the first window fills, then only the layers still under
+    their cap keep growing. Returns None when every layer is capped and the
+    capped cache fits: then KV memory sets no limit (the model's position
+    limit still does).
     """
     _check_tokens(free_bytes, "free_bytes")
     _check_positive("batch", batch)
     budget = free_bytes // batch
-    per_token = kv_bytes_per_token(cfg, kv_dtype)
-    below_window = budget // per_token
-    cap = None if cfg.sliding_window is None else cfg.sliding_window - 1
-    if cap is None or below_window <= cap:
-        return below_window
-    growing = sum(
-        kv_bytes_per_token_per_layer(cfg, i, kv_dtype)
-        for i, kind in enumerate(cfg.layer_kinds)
-        if kind != "sliding"
-    )
-    if growing == 0:
-        return None
-    at_cap = kv_bytes(cfg, cap, kv_dtype)
-    return cap + (budget - at_cap) // growing
+    slopes = [
+        (_cap(layer), kv_bytes_per_token_per_layer(cfg, i, kv_dtype))
+        for i, layer in enumerate(cfg.layers)
+    ]
+    start_tokens, used_bytes = 0, 0
+    slope = sum(per_token for _, per_token in slopes)
+    for cap in sorted({c for c, _ in slopes if c is not None}) + [None]:
+        if slope > 0:
+            tokens = start_tokens + (budget - used_bytes) // slope
+            if cap is None or tokens <= cap:
+                return tokens
+        if cap is None:
+            return None
+        # Past this cap, the layers it bounds stop growing.
+        used_bytes += slope * (cap - start_tokens)
+        start_tokens = cap
+        slope -= sum(per_token for c, per_token in slopes if c == cap)
+    return None
 
 
 def weight_bytes(cfg: ModelConfig, weight_dtype: str = "bf16") -> int:
@@ -243,11 +254,12 @@ def valid_tp_degrees(cfg: ModelConfig, max_tp: int = 8) -> list[int]:
     ``num_key_value_heads % tp == 0`` and replicated when ``tp % num_key_value_heads == 0``.
     """
     _check_positive("max_tp", max_tp)
-    heads, kv_heads = cfg.num_attention_heads, cfg.num_key_value_heads
+    kv_heads = {layer.num_key_value_heads for layer in cfg.layers if layer.kind != "mla"}
     return [
         tp
         for tp in range(1, max_tp + 1)
-        if heads % tp == 0 and (kv_heads % tp == 0 or tp % kv_heads == 0)
+        if cfg.num_attention_heads % tp == 0
+        and all(h % tp == 0 or tp % h == 0 for h in kv_heads)
     ]
 
 
@@ -266,10 +278,18 @@ def kv_bytes_per_gpu(
             f"{cfg.num_key_value_heads} KV heads of {cfg.name}: use one of "
             f"{valid_tp_degrees(cfg, max_tp=max(tp, 8))}"
         )
-    total = kv_bytes(cfg, context_tokens, kv_dtype)
-    if cfg.mla is not None:
-        return total
-    return total * max(1, cfg.num_key_value_heads // tp) // cfg.num_key_value_heads
+    by_layer = kv_bytes_by_layer(cfg, context_tokens, kv_dtype)
+    return sum(
+        layer_bytes * _kv_heads_per_gpu(layer, tp) // layer.num_key_value_heads
+        for layer, layer_bytes in zip(cfg.layers, by_layer, strict=True)
+    )
+
+
+def _kv_heads_per_gpu(layer: LayerSpec, tp: int) -> int:
+    """KV heads of ``layer`` each GPU holds; an MLA latent is whole on every GPU."""
+    if layer.kind == "mla":
+        return layer.num_key_value_heads
+    return max(1, layer.num_key_value_heads // tp)
 
 
 def min_gpus(
