@@ -4,48 +4,48 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
+
+if TYPE_CHECKING:
+    from kvlib.config import MLAConfig
 
 from kvlib._fields import (
     ConfigError,
     first_int,
     get_bool,
+    get_int,
     get_optional_int,
     require_first_int,
 )
 
-LayerKind = Literal["full", "sliding", "mla", "shared"]
-Kind = LayerKind
+LayerKind = Literal["full", "sliding", "chunked", "mla", "linear", "shared"]
 
 _LAYERS = ("num_hidden_layers", "n_layer", "n_layers", "num_layers")
 _HEADS = ("num_attention_heads", "n_head", "n_heads", "num_heads")
 _HIDDEN = ("hidden_size", "n_embd", "d_model")
 _KV_HEADS = ("num_key_value_heads", "num_kv_heads", "n_head_kv")
 
-_LAYER_TYPE_NAMES: dict[str, Kind] = {
-    "full_attention": "full",
-    "sliding_attention": "sliding",
-}
-
-# Families whose config classes fill in a sliding-window pattern when the file
-# has none: layer i slides unless (i + 1) is a multiple of the pattern
-# (Gemma2Config, Gemma3TextConfig, Cohere2Config in transformers).
-_DEFAULT_PATTERNS = {"gemma2": 2, "gemma3": 6, "gemma3_text": 6, "cohere2": 4}
-
 
 @dataclass(frozen=True)
 class LayerSpec:
-    """What one layer caches per token.
+    """What one layer caches.
 
-    ``kind``: ``"full"`` keeps every token, ``"sliding"`` at most ``window - 1``
-    past tokens, ``"mla"`` one latent per token, ``"shared"`` nothing (it reads
-    another layer's cache). Heads and head size may differ from layer to layer.
+    ``kind``: ``"full"`` keeps K and V of every token; ``"sliding"`` and
+    ``"chunked"`` keep at most ``window - 1`` past tokens (transformers caches
+    a Llama 4 chunk like a window); ``"mla"`` one latent per token plus
+    ``indexer_dim`` indexer-key elements (DeepSeek-V3.2); ``"linear"`` a
+    fixed state of ``conv_state_elements`` (cache dtype) and
+    ``recurrent_state_elements`` (fp32) whatever the context; ``"shared"``
+    nothing, since it reads another layer's cache.
     """
 
     kind: LayerKind
     num_key_value_heads: int
     head_dim: int
     window: int | None = None
+    indexer_dim: int = 0
+    conv_state_elements: int = 0
+    recurrent_state_elements: int = 0
 
 
 @dataclass(frozen=True)
@@ -119,87 +119,113 @@ def sliding_window(text: Mapping[str, Any]) -> int | None:
             "keep one of them"
         )
     chosen = window if window is not None else other
-    if chosen and get_bool(text, "use_bidirectional_attention"):
-        # Gemma3TextConfig halves a bidirectional window: W // 2 + 1.
+    if chosen and text.get("use_bidirectional_attention") in (True, "all"):
+        # Gemma3TextConfig and Gemma4TextConfig halve a bidirectional window: W // 2 + 1.
         chosen = chosen // 2 + 1
     return chosen or None
 
 
-def layer_kinds(
-    text: Mapping[str, Any], num_layers: int, *, is_mla: bool
-) -> tuple[tuple[Kind, ...], int | None]:
-    """The attention kind of each layer, and the sliding window if any layer uses it."""
-    if is_mla:
-        return _same("mla", num_layers), None
-    window = sliding_window(text)
-    declared = text.get("layer_types")
-    if declared is not None:
-        kinds = _from_layer_types(declared, num_layers)
-    elif window is None:
-        kinds = _same("full", num_layers)
-    else:
-        kinds = _implicit_kinds(text, num_layers)
-    if "sliding" not in kinds:
-        return kinds, None
-    if window is None:
-        raise ConfigError(
-            "'layer_types' lists sliding_attention layers but 'sliding_window' is null "
-            "or disabled: set 'sliding_window' to the window in tokens"
-        )
-    return kinds, window
-
-
-def _from_layer_types(declared: Any, num_layers: int) -> tuple[Kind, ...]:
-    if not isinstance(declared, list) or len(declared) != num_layers:
-        raise ConfigError(
-            f"'layer_types' must be a list of {num_layers} entries, one per layer "
-            "('full_attention' or 'sliding_attention')"
-        )
-    kinds: list[Kind] = []
-    for index, name in enumerate(declared):
-        if name not in _LAYER_TYPE_NAMES:
-            raise ConfigError(
-                f"'layer_types'[{index}] is {name!r}: kvlib sizes only 'full_attention' "
-                "and 'sliding_attention' layers"
-            )
-        kinds.append(_LAYER_TYPE_NAMES[name])
-    return tuple(kinds)
-
-
-def _implicit_kinds(text: Mapping[str, Any], num_layers: int) -> tuple[Kind, ...]:
-    """Which layers slide when the config sets a window but lists no layer types."""
-    pattern = get_optional_int(text, "sliding_window_pattern") or _DEFAULT_PATTERNS.get(
-        str(text.get("model_type"))
-    )
-    if pattern is not None:
-        return tuple(_kind(bool((i + 1) % pattern)) for i in range(num_layers))
-    if "use_sliding_window" in text:
-        # Qwen2-style: the first max_window_layers layers keep full attention.
-        first_sliding = get_optional_int(text, "max_window_layers", minimum=0)
-        first_sliding = num_layers if first_sliding is None else first_sliding
-        return tuple(_kind(i >= first_sliding) for i in range(num_layers))
-    # Mistral, Phi-3: a window and nothing else means every layer slides.
-    return _same("sliding", num_layers)
-
-
-def _kind(sliding: bool) -> Kind:
-    return "sliding" if sliding else "full"
-
-
-def _same(kind: Kind, num_layers: int) -> tuple[Kind, ...]:
-    return tuple(kind for _ in range(num_layers))
-
-
 def layer_specs(
-    text: Mapping[str, Any], kinds: tuple[Kind, ...], window: int | None, heads: Heads
+    text: Mapping[str, Any], types: list[str], heads: Heads, mla: MLAConfig | None
 ) -> tuple[LayerSpec, ...]:
-    """One :class:`LayerSpec` per layer: the shared head shape and each layer's window."""
-    return tuple(
-        LayerSpec(
-            kind=kind,
-            num_key_value_heads=heads.num_kv_heads,
-            head_dim=heads.head_dim,
-            window=window if kind == "sliding" else None,
+    """One :class:`LayerSpec` per transformers layer type."""
+    window = sliding_window(text)
+    overrides = _full_layer_overrides(text, types, heads)
+    specs = []
+    for index, layer_type in enumerate(types):
+        kv_heads, head_dim = overrides.get(index, (heads.num_kv_heads, heads.head_dim))
+        specs.append(_spec(text, layer_type, kv_heads, head_dim, window, mla))
+    return tuple(specs)
+
+
+def _spec(
+    text: Mapping[str, Any],
+    layer_type: str,
+    kv_heads: int,
+    head_dim: int,
+    window: int | None,
+    mla: MLAConfig | None,
+) -> LayerSpec:
+    if layer_type == "dummy":
+        return LayerSpec("shared", kv_heads, head_dim)
+    if layer_type == "linear_attention":
+        return _linear(text)
+    if layer_type == "sliding_attention":
+        if window is None:
+            raise ConfigError(
+                "'layer_types' lists sliding_attention layers but 'sliding_window' is null "
+                "or disabled: set 'sliding_window' to the window in tokens"
+            )
+        return LayerSpec("sliding", kv_heads, head_dim, window)
+    if layer_type == "chunked_attention":
+        chunk = get_optional_int(text, "attention_chunk_size")
+        if chunk is None:
+            raise ConfigError("chunked_attention layers need 'attention_chunk_size' (tokens)")
+        return LayerSpec("chunked", kv_heads, head_dim, chunk)
+    indexer = get_int(text, "index_head_dim") if layer_type == "indexed_attention" else 0
+    if mla is not None:
+        return LayerSpec("mla", 1, mla.latent_dim, indexer_dim=indexer)
+    if indexer:
+        raise ConfigError(
+            "indexed_attention layers need the MLA fields 'kv_lora_rank' and 'qk_rope_head_dim'"
         )
-        for kind in kinds
+    return LayerSpec("full", kv_heads, head_dim)
+
+
+def _full_layer_overrides(
+    text: Mapping[str, Any], types: list[str], heads: Heads
+) -> dict[int, tuple[int, int]]:
+    """Per-layer (KV heads, head_dim) of Gemma 4's full-attention layers.
+
+    Gemma4TextConfig gives them ``global_head_dim`` (512 when absent) and,
+    only when ``attention_k_eq_v`` is true, ``num_global_key_value_heads``;
+    a ``per_layer_config`` in the file overrides both.
+    """
+    explicit = text.get("per_layer_config")
+    if isinstance(explicit, Mapping):
+        return {
+            int(index): (
+                get_int(fields, "num_key_value_heads", default=heads.num_kv_heads),
+                get_int(fields, "head_dim", default=heads.head_dim),
+            )
+            for index, fields in explicit.items()
+            if isinstance(fields, Mapping) and str(index).isdigit()
+        }
+    if not str(text.get("model_type", "")).startswith("gemma4"):
+        return {}
+    head_dim = get_optional_int(text, "global_head_dim") or 512
+    kv_heads = heads.num_kv_heads
+    if get_bool(text, "attention_k_eq_v"):
+        kv_heads = get_optional_int(text, "num_global_key_value_heads") or kv_heads
+    return {i: (kv_heads, head_dim) for i, t in enumerate(types) if t == "full_attention"}
+
+
+def _linear(text: Mapping[str, Any]) -> LayerSpec:
+    """Fixed state of a linear-attention layer: a short convolution and a recurrent matrix.
+
+    Qwen3-Next/Qwen3.5 Gated DeltaNet: conv ``(2 Hk dk + Hv dv) x K``, recurrent
+    ``Hv x dk x dv``; Kimi Linear KDA: conv ``3 H d x K``, recurrent ``H x d x d``.
+    transformers keeps the recurrent state in fp32 whatever the model dtype.
+    """
+    nested = text.get("linear_attn_config")
+    if isinstance(nested, Mapping):  # Kimi Linear checkpoints
+        num_heads = get_int(nested, "num_heads", default=32)
+        dim = get_int(nested, "head_dim", default=128)
+        kernel = get_int(nested, "short_conv_kernel_size", default=4)
+        return _linear_spec(3 * num_heads * dim * kernel, num_heads * dim * dim)
+    if "linear_num_heads" in text or "linear_head_dim" in text:
+        num_heads = get_int(text, "linear_num_heads")
+        dim = get_int(text, "linear_head_dim")
+        kernel = get_int(text, "linear_conv_kernel_dim")
+        return _linear_spec(3 * num_heads * dim * kernel, num_heads * dim * dim)
+    key_heads, key_dim = get_int(text, "linear_num_key_heads"), get_int(text, "linear_key_head_dim")
+    value_heads = get_int(text, "linear_num_value_heads")
+    value_dim = get_int(text, "linear_value_head_dim")
+    conv = (2 * key_heads * key_dim + value_heads * value_dim) * get_int(
+        text, "linear_conv_kernel_dim"
     )
+    return _linear_spec(conv, value_heads * key_dim * value_dim)
+
+
+def _linear_spec(conv: int, recurrent: int) -> LayerSpec:
+    return LayerSpec("linear", 0, 0, conv_state_elements=conv, recurrent_state_elements=recurrent)

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kvlib import _layers
+from kvlib import _layer_types, _layers
 from kvlib._fields import ConfigError, get_bool, get_int, get_optional_int, text_config
 from kvlib._layers import LayerKind, LayerSpec
 
@@ -171,8 +171,9 @@ def from_dict(data: Mapping[str, Any], *, name: str = "custom") -> ModelConfig:
     mla = _mla(text)
     # An MLA head's query/key width is qk_nope + qk_rope, whatever hidden/heads gives.
     heads = _layers.attention_heads({**text, "head_dim": mla.qk_head_dim} if mla else text)
-    kinds, window = _layers.layer_kinds(text, heads.num_layers, is_mla=mla is not None)
-    layers = _layers.layer_specs(text, kinds, window, heads)
+    window = _layers.sliding_window(text)
+    types = _layer_types.layer_types(text, heads.num_layers, window)
+    layers = _layers.layer_specs(text, types, heads, mla)
     model_type = text.get("model_type", data.get("model_type", "unknown"))
     return ModelConfig(
         name=name,
@@ -183,7 +184,7 @@ def from_dict(data: Mapping[str, Any], *, name: str = "custom") -> ModelConfig:
         head_dim=heads.head_dim,
         hidden_size=heads.hidden_size,
         layers=layers,
-        sliding_window=window,
+        sliding_window=window if any(layer.kind == "sliding" for layer in layers) else None,
         mla=mla,
         vocab_size=get_int(text, "vocab_size", default=_vocab_default(text)),
         intermediate_size=_intermediate_size(text, heads.hidden_size),

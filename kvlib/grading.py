@@ -68,17 +68,29 @@ def _generic_mistakes(
         (("KiB", "KB"), ("MiB", "MB"), ("GiB", "GB")), start=1
     ):
         factor = 1.024**power
-        found.append(Mistake(
-            f"did you mix {binary} (1024^{power} bytes) with {decimal} (1000^{power} bytes)? "
-            f"The answer is off by exactly 1.024^{power}.", factor))
+        found.append(
+            Mistake(
+                f"did you mix {binary} (1024^{power} bytes) with {decimal} (1000^{power} bytes)? "
+                f"The answer is off by exactly 1.024^{power}.",
+                factor,
+            )
+        )
         found.append(Mistake(
             f"did you mix {decimal} (1000^{power} bytes) with {binary} (1024^{power} bytes)? "
             f"The answer is off by exactly 1.024^{power}.", 1 / factor))  # fmt: skip
     if num_layers is not None and num_layers > 1:
-        found.append(Mistake(f"this is one layer's share: multiply by all {num_layers} layers.",
-                             1 / num_layers))
-        found.append(Mistake(f"did you multiply by the {num_layers} layers twice, or give a "
-                             "total where one layer's value was asked?", float(num_layers)))
+        found.append(
+            Mistake(
+                f"this is one layer's share: multiply by all {num_layers} layers.", 1 / num_layers
+            )
+        )
+        found.append(
+            Mistake(
+                f"did you multiply by the {num_layers} layers twice, or give a "
+                "total where one layer's value was asked?",
+                float(num_layers),
+            )
+        )
     if num_attention_heads and num_kv_heads and num_attention_heads != num_kv_heads:
         ratio = num_attention_heads / num_kv_heads
         found.append(Mistake(
@@ -124,10 +136,10 @@ def real_value(answer: object, name: str = "answer", unit: str = "") -> float | 
     ``type(answer) is int`` rather than ``isinstance``: subclasses (``bool``
     among them) could override ``__eq__`` or arithmetic and are refused.
     """
-    value: float | int | None
+    value: float | int | None = None
     if type(answer) is int or type(answer) is float:
         value = answer
-    else:
+    if value is None:
         value = _numpy_real(answer)
     if value is None:
         raise AssertionError(describe_type_problem(_type_name(answer), name, unit))
@@ -163,12 +175,12 @@ def diagnose(
     if not generic or expected == 0 or value == 0:
         return None
     ratio = value / expected
-    generic = _generic_mistakes(num_layers, num_attention_heads, num_kv_heads)
-    for slip in generic:
+    slips = _generic_mistakes(num_layers, num_attention_heads, num_kv_heads)
+    for slip in slips:
         if math.isclose(ratio, slip.factor, rel_tol=_MISTAKE_REL):
             return f"{_ratio_text(ratio)}: {slip.hint}"
-    for i, first in enumerate(generic):
-        for second in generic[i + 1:]:
+    for i, first in enumerate(slips):
+        for second in slips[i + 1 :]:
             if math.isclose(ratio, first.factor * second.factor, rel_tol=_MISTAKE_REL):
                 return f"{_ratio_text(ratio)}, two slips: {first.hint} And {second.hint}"
     return None

@@ -64,9 +64,10 @@ def is_test_cell(cell: NotebookNode) -> bool:
 
 
 def _error_output(ename: str, message: str) -> NotebookNode:
-    return NotebookNode(
+    output: NotebookNode = NotebookNode(  # type: ignore[no-untyped-call]
         output_type="error", ename=ename, evalue=message, traceback=[f"{ename}: {message}"]
     )
+    return output
 
 
 class VerifiedExecute(Execute):  # type: ignore[misc]
@@ -93,11 +94,13 @@ class VerifiedExecute(Execute):  # type: ignore[misc]
         except (CellTimeoutError, DeadKernelError) as err:
             self.log.warning("cell %d: %s; restarting the kernel", index, type(err).__name__)
             self._restart_kernel()
-            cell.outputs.append(_error_output(
-                type(err).__name__,
-                f"the cell did not finish within {self.timeout} s (or stopped the kernel); "
-                "the kernel was restarted, so names it should have set are undefined.",
-            ))  # fmt: skip
+            cause = (
+                f"the cell did not finish within {self.timeout} s"
+                if isinstance(err, CellTimeoutError)
+                else "the kernel stopped while running this cell"
+            )
+            message = f"{cause}; the kernel was restarted, so names set before it are undefined."
+            cell.outputs.append(_error_output(type(err).__name__, message))
             return cell, self.resources
 
     def _verify(self, cell: NotebookNode) -> Verdict:

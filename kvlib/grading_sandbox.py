@@ -90,7 +90,7 @@ def _kvlib_paths() -> tuple[Path, Path]:
     return package, package.parent
 
 
-class SandboxedKernelManager(AsyncKernelManager):  # type: ignore[misc]
+class SandboxedKernelManager(AsyncKernelManager):
     """AsyncKernelManager whose kernel process runs under bubblewrap."""
 
     mode = Unicode("auto", help="require | auto | off").tag(config=True)
@@ -120,7 +120,8 @@ class SandboxedKernelManager(AsyncKernelManager):  # type: ignore[misc]
         if not self.sandboxed:
             return cmd
         package, checkout = _kvlib_paths()
-        cwd = Path(self._launch_args.get("cwd") or os.getcwd()).resolve()
+        launch_cwd = (self._launch_args or {}).get("cwd")
+        cwd = Path(str(launch_cwd) if launch_cwd else os.getcwd()).resolve()
         hidden = [Path(p).resolve() for p in self.hidden_paths]
         hidden += [Path(tempfile.gettempdir()).resolve(), Path("/tmp")]
         if (checkout / "solutions").exists():

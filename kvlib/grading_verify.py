@@ -112,9 +112,8 @@ def rebuild_value(reply: Mapping[str, object]) -> float | int | Unreadable:
 
 def _problem(name: str, value: Unreadable) -> Verdict:
     if value.missing:
-        return Verdict(
-            False, "NameError", f"{name} is not defined: run the cell that assigns your answer."
-        )
+        message = f"{name} is not defined: assign your answer to it in the answer cell above."
+        return Verdict(False, "NameError", message)
     return Verdict(False, "AssertionError", describe_type_problem(value.type_name, name))
 
 

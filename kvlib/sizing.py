@@ -71,18 +71,19 @@ def kv_bytes_per_token_dense(
 
 
 def _elements_per_token(cfg: ModelConfig, layer: LayerSpec, mla_layout: MLALayout) -> int:
-    """Cached elements per token in one layer."""
-    if layer.kind == "shared":
+    """Cached elements per token in one layer (a linear-attention state does not grow)."""
+    if layer.kind in ("shared", "linear"):
         return 0
     if layer.kind != "mla":
         return 2 * layer.num_key_value_heads * layer.head_dim
     if cfg.mla is None:
         raise ValueError(f"{cfg.name} has no MLA fields but a layer is marked 'mla'")
     if mla_layout == "latent":
-        return cfg.mla.latent_dim
+        return cfg.mla.latent_dim + layer.indexer_dim
     if mla_layout == "decompressed":
         # Per-head keys (nope + rope) and values for every query head.
-        return cfg.num_attention_heads * (cfg.mla.qk_head_dim + cfg.mla.v_head_dim)
+        heads = cfg.num_attention_heads * (cfg.mla.qk_head_dim + cfg.mla.v_head_dim)
+        return heads + layer.indexer_dim
     raise ValueError(f"mla_layout must be 'latent' or 'decompressed', got {mla_layout!r}")
 
 
@@ -115,8 +116,13 @@ def tokens_held(cfg: ModelConfig, layer: int, context_tokens: int) -> int:
 
 
 def _cap(layer: LayerSpec) -> int | None:
-    """Most tokens a layer keeps: ``W - 1`` for a sliding window, else unbounded (None)."""
+    """Most tokens a layer keeps: ``W - 1`` for a window or chunk, else unbounded (None)."""
     return None if layer.window is None else layer.window - 1
+
+
+def state_bytes(layer: LayerSpec, kv_dtype: str = "bf16") -> int:
+    """Fixed bytes of a linear-attention layer: conv state in ``kv_dtype``, recurrent in fp32."""
+    return bytes_for(layer.conv_state_elements, kv_dtype) + 4 * layer.recurrent_state_elements
 
 
 def kv_bytes_by_layer(
@@ -126,11 +132,16 @@ def kv_bytes_by_layer(
     *,
     mla_layout: MLALayout = "latent",
 ) -> list[int]:
-    """Bytes each layer holds for one sequence of ``context_tokens``."""
+    """Bytes each layer holds for one sequence of ``context_tokens``.
+
+    ``tokens held x bytes per token``, plus a linear-attention layer's fixed
+    state once the sequence has a token.
+    """
     return [
         tokens_held(cfg, i, context_tokens)
         * kv_bytes_per_token_per_layer(cfg, i, kv_dtype, mla_layout=mla_layout)
-        for i in range(cfg.num_hidden_layers)
+        + (state_bytes(layer, kv_dtype) if context_tokens else 0)
+        for i, layer in enumerate(cfg.layers)
     ]
 
 
@@ -178,7 +189,9 @@ def max_context_tokens(
     """
     _check_tokens(free_bytes, "free_bytes")
     _check_positive("batch", batch)
-    budget = free_bytes // batch
+    budget = free_bytes // batch - sum(state_bytes(layer, kv_dtype) for layer in cfg.layers)
+    if budget < 0:
+        return 0
     slopes = [
         (_cap(layer), kv_bytes_per_token_per_layer(cfg, i, kv_dtype))
         for i, layer in enumerate(cfg.layers)
@@ -254,12 +267,13 @@ def valid_tp_degrees(cfg: ModelConfig, max_tp: int = 8) -> list[int]:
     ``num_key_value_heads % tp == 0`` and replicated when ``tp % num_key_value_heads == 0``.
     """
     _check_positive("max_tp", max_tp)
-    kv_heads = {layer.num_key_value_heads for layer in cfg.layers if layer.kind != "mla"}
+    kv_heads = {
+        layer.num_key_value_heads for layer in cfg.layers if layer.kind not in ("mla", "linear")
+    }
     return [
         tp
         for tp in range(1, max_tp + 1)
-        if cfg.num_attention_heads % tp == 0
-        and all(h % tp == 0 or tp % h == 0 for h in kv_heads)
+        if cfg.num_attention_heads % tp == 0 and all(h % tp == 0 or tp % h == 0 for h in kv_heads)
     ]
 
 
@@ -279,17 +293,26 @@ def kv_bytes_per_gpu(
             f"{valid_tp_degrees(cfg, max_tp=max(tp, 8))}"
         )
     by_layer = kv_bytes_by_layer(cfg, context_tokens, kv_dtype)
-    return sum(
-        layer_bytes * _kv_heads_per_gpu(layer, tp) // layer.num_key_value_heads
-        for layer, layer_bytes in zip(cfg.layers, by_layer, strict=True)
-    )
+    total = 0
+    for layer, layer_bytes in zip(cfg.layers, by_layer, strict=True):
+        numerator, denominator = _share_per_gpu(layer, tp)
+        total += layer_bytes * numerator // denominator
+    return total
 
 
-def _kv_heads_per_gpu(layer: LayerSpec, tp: int) -> int:
-    """KV heads of ``layer`` each GPU holds; an MLA latent is whole on every GPU."""
+def _share_per_gpu(layer: LayerSpec, tp: int) -> tuple[int, int]:
+    """The fraction of a layer's cache each GPU holds, as (numerator, denominator).
+
+    KV heads split ``max(1, H_kv / tp)`` of ``H_kv``; an MLA latent is whole on
+    every GPU; a linear-attention state splits with its heads, ``1 / tp``.
+    """
     if layer.kind == "mla":
-        return layer.num_key_value_heads
-    return max(1, layer.num_key_value_heads // tp)
+        return 1, 1
+    if layer.kind == "linear":
+        return 1, tp
+    if layer.kind == "shared":
+        return 0, 1
+    return max(1, layer.num_key_value_heads // tp), layer.num_key_value_heads
 
 
 def min_gpus(

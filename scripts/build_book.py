@@ -83,6 +83,12 @@ def vendor_mathjax() -> None:
     print(f"build_book: copied MathJax from {source} to {MATHJAX_DIR.relative_to(ROOT)}")
 
 
+def warm_matplotlib() -> None:
+    """Build matplotlib's font cache now, not inside a page: its first-run notice goes to
+    stderr, which the book treats as a warning (execute.stderr_output: warn)."""
+    subprocess.run([sys.executable, "-c", "import matplotlib.font_manager"], check=True)
+
+
 def kvlib_fingerprint() -> str:
     """SHA-256 over kvlib's Python sources and bundled configs (paths and contents)."""
     digest = hashlib.sha256()
@@ -135,6 +141,7 @@ def main(argv: list[str] | None = None) -> int:
 
     start = time.perf_counter()
     vendor_mathjax()
+    warm_matplotlib()
     rebuild_all = args.all
     if kvlib_changed(stamp):
         jupyter_cache = build_dir / ".jupyter_cache"

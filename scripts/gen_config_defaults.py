@@ -56,6 +56,18 @@ FIELDS = (
     "n_inner",
     "use_bidirectional_attention",
     "experts_per_token",
+    "num_kv_shared_layers",
+    "attention_k_eq_v",
+    "attention_chunk_size",
+    "no_rope_layer_interval",
+    "index_head_dim",
+    "linear_num_key_heads",
+    "linear_key_head_dim",
+    "linear_num_value_heads",
+    "linear_value_head_dim",
+    "linear_conv_kernel_dim",
+    "linear_num_heads",
+    "linear_head_dim",
 )
 
 

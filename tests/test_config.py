@@ -142,7 +142,7 @@ def test_explicit_head_dim_wins() -> None:
         ({"multi_query": True}, "multi_query"),
         ({"layer_types": ["full_attention"] * 3}, "layer_types"),
         ({"layer_types": ["sliding_attention"] * 32}, "sliding_window"),
-        ({"layer_types": ["linear_attention"] * 32}, "layer_types"),
+        ({"layer_types": ["mamba"] * 32}, "layer_types"),
         ({"sliding_window": 4096, "sliding_window_size": 2048}, "sliding_window"),
         ({"text_config": [1, 2]}, "text_config"),
     ],

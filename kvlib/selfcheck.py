@@ -1,0 +1,172 @@
+"""``kvlib grade NOTEBOOK``: grade one notebook the way the course's grader will.
+
+The notebook is matched to its assignment in ``solutions/`` by its nbgrader
+cell ids, then graded with nbgrader itself in a throwaway course directory:
+``generate_assignment``, submit the notebook as one student, ``autograde``.
+Scores come from nbgrader's gradebook, hints from the hidden tests' messages.
+
+``--json`` prints ``{"score", "max_score", "challenges": [{"name", "score",
+"max_score", "hint"}]}``.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+import tempfile
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+__all__ = ["Challenge", "Report", "SelfCheckError", "grade", "main"]
+
+_STUDENT = "self-check"
+
+
+class SelfCheckError(Exception):
+    """The notebook cannot be graded; the message says why, in one line."""
+
+
+@dataclass(frozen=True)
+class Challenge:
+    """One point-bearing test: its id, score and the hint when it failed."""
+
+    name: str
+    score: float
+    max_score: float
+    hint: str
+
+
+@dataclass(frozen=True)
+class Report:
+    """Scores for one notebook."""
+
+    assignment: str
+    notebook: str
+    score: float
+    max_score: float
+    challenges: list[Challenge]
+
+    def to_json(self) -> dict[str, Any]:
+        """The documented JSON shape (assignment and notebook names left out)."""
+        return {
+            "score": self.score,
+            "max_score": self.max_score,
+            "challenges": [asdict(c) for c in self.challenges],
+        }
+
+
+def _read(path: Path) -> Any:
+    import nbformat
+
+    if not path.is_file():
+        raise SelfCheckError(f"{path}: no such file")
+    try:
+        return nbformat.read(path, as_version=4)  # type: ignore[no-untyped-call]
+    except Exception as err:  # nbformat raises several unrelated types
+        raise SelfCheckError(f"{path}: not a Jupyter notebook ({type(err).__name__})") from None
+
+
+def _grade_ids(nb: Any) -> set[str]:
+    return {
+        str(cell.metadata["nbgrader"]["grade_id"])
+        for cell in nb.cells
+        if "grade_id" in cell.metadata.get("nbgrader", {})
+    }
+
+
+def _match(nb: Any, root: Path, path: Path) -> tuple[str, str]:
+    """(assignment, source notebook name) sharing the most cell ids with ``nb``."""
+    from kvlib.grading_course import assignment_ids
+
+    ids = _grade_ids(nb)
+    best: tuple[int, str, str] | None = None
+    known = []
+    for assignment in assignment_ids(root):
+        for source in sorted((root / "solutions" / assignment).glob("*.ipynb")):
+            known.append(f"{assignment}/{source.name}")
+            overlap = len(ids & _grade_ids(_read(source)))
+            if overlap and (best is None or overlap > best[0]):
+                best = (overlap, assignment, source.stem)
+    if best is None:
+        raise SelfCheckError(
+            f"{path} is not one of the course's notebooks (none of its graded cells match "
+            f"{', '.join(known) or 'solutions/'}); grade the notebook from exercises/"
+        )
+    return best[1], best[2]
+
+
+def _hint(cell: Any) -> str:
+    for output in cell.get("outputs", []):
+        if output.get("output_type") == "error":
+            return str(output.get("evalue") or output.get("ename"))
+    return ""
+
+
+def grade(notebook: str | Path, *, timeout_s: int = 30) -> Report:
+    """Autograde ``notebook`` against its assignment's source; raise SelfCheckError."""
+    from nbgrader.api import Gradebook
+
+    from kvlib.grading_course import NbgraderError, course_root, make_course, run_nbgrader
+    from kvlib.grading_nbgrader import is_test_cell
+
+    path = Path(notebook)
+    nb = _read(path)
+    try:
+        root = course_root()
+    except FileNotFoundError as err:
+        raise SelfCheckError(str(err)) from None
+    assignment, name = _match(nb, root, path)
+    with tempfile.TemporaryDirectory(prefix="kvlib-grade-") as tmp:
+        course = make_course(Path(tmp), root, [assignment], sandbox="auto", timeout_s=timeout_s)
+        submitted = course / "submitted" / _STUDENT / assignment
+        submitted.mkdir(parents=True)
+        shutil.copyfile(path, submitted / f"{name}.ipynb")
+        try:
+            run_nbgrader(course, "generate_assignment", assignment, "--force")
+            run_nbgrader(course, "autograde", assignment, f"--student={_STUDENT}")
+        except NbgraderError as err:
+            raise SelfCheckError(str(err).splitlines()[0]) from None
+        graded = _read(course / "autograded" / _STUDENT / assignment / f"{name}.ipynb")
+        with Gradebook(f"sqlite:///{course / 'gradebook.db'}") as gb:
+            submission = gb.find_submission_notebook(name, assignment, _STUDENT)
+            scores = {g.name: (float(g.score), float(g.max_score)) for g in submission.grades}
+    challenges = []
+    for cell in graded.cells:
+        if is_test_cell(cell):
+            grade_id = cell.metadata["nbgrader"]["grade_id"]
+            score, max_score = scores[grade_id]
+            challenges.append(Challenge(grade_id, score, max_score, _hint(cell)))
+    return Report(
+        assignment=assignment,
+        notebook=name,
+        score=sum(c.score for c in challenges),
+        max_score=sum(c.max_score for c in challenges),
+        challenges=challenges,
+    )
+
+
+def format_report(report: Report) -> str:
+    """Score per challenge, then the hint for each one missed."""
+    lines = [
+        f"{report.assignment}/{report.notebook}.ipynb: "
+        f"{report.score:g} / {report.max_score:g} points"
+    ]
+    width = max((len(c.name) for c in report.challenges), default=0)
+    for c in report.challenges:
+        mark = "ok" if c.score == c.max_score else "missed"
+        line = f"  {c.name:<{width}}  {c.score:g} / {c.max_score:g}  {mark}"
+        lines.append(f"{line}: {c.hint}" if c.hint else line)
+    return "\n".join(lines)
+
+
+def main(notebook: str, as_json: bool) -> int:
+    """Grade ``notebook`` and print the report; 0 on success, 2 if it cannot be graded."""
+    try:
+        report = grade(notebook)
+    except SelfCheckError as err:
+        print(f"kvlib grade: {err}", file=sys.stderr)
+        return 2
+    print(json.dumps(report.to_json()) if as_json else format_report(report))
+    return 0

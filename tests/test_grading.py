@@ -1,0 +1,204 @@
+"""kvlib.grading: which answers pass, which are refused, and the mistake each wrong one names."""
+
+from __future__ import annotations
+
+import math
+import subprocess
+import sys
+from fractions import Fraction
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from kvlib.grading import describe_type_problem, diagnose, expect, real_value
+
+# The course brief's worked example (serving-topics.txt): 40 layers, 8 KV heads,
+# 128 dims, 2 bytes -> 163,840 bytes per token. Written out, not from kvlib.
+BRIEF_BYTES = 2 * 40 * 8 * 128 * 2
+
+
+def failure(answer: object, expected: float, **kwargs: object) -> str:
+    """The AssertionError message ``expect`` raises (fails the test if it passes)."""
+    with pytest.raises(AssertionError) as info:
+        expect(answer, expected, **kwargs)  # type: ignore[arg-type]
+    return str(info.value)
+
+
+class TestAccepts:
+    def test_exact_int(self) -> None:
+        expect(BRIEF_BYTES, BRIEF_BYTES, rel=0)
+
+    def test_float_within_rel(self) -> None:
+        expect(1.005, 1.0, rel=0.01)
+
+    def test_float_outside_rel_fails(self) -> None:
+        failure(1.02, 1.0, rel=0.01)
+
+    def test_abs_tolerance(self) -> None:
+        expect(0.0004, 0.0, abs=1e-3)
+
+    def test_integral_float_for_integer_answer(self) -> None:
+        expect(float(BRIEF_BYTES), BRIEF_BYTES, rel=0, integer=True)
+
+    @pytest.mark.parametrize("kind", [np.int32, np.int64, np.uint64, np.float32, np.float64])
+    def test_numpy_scalars(self, kind: type) -> None:
+        expect(kind(4096), 4096, rel=0)
+
+    def test_returns_none(self) -> None:
+        # A value as a test cell's last expression would be read by nbgrader as partial credit.
+        assert expect(3, 3) is None  # type: ignore[func-returns-value]
+
+
+class AlwaysEqual:
+    def __eq__(self, other: object) -> bool:
+        return True
+
+    def __ne__(self, other: object) -> bool:
+        return False
+
+    __hash__ = object.__hash__
+
+
+class IntThatEqualsAll(int):
+    def __eq__(self, other: object) -> bool:
+        return True
+
+    __hash__ = int.__hash__
+
+
+class FloatSubclass(float):
+    pass
+
+
+FakeNumpy = type("float64", (), {"__module__": "numpy", "__eq__": lambda self, other: True})
+
+
+class TestRefuses:
+    @pytest.mark.parametrize(
+        ("answer", "phrase"),
+        [
+            (True, "bool"),
+            (np.bool_(True), "bool"),
+            ("163840", "string"),
+            (None, "None"),
+            (..., "placeholder"),
+            (AlwaysEqual(), "AlwaysEqual"),
+            (IntThatEqualsAll(BRIEF_BYTES), "IntThatEqualsAll"),
+            (FloatSubclass(BRIEF_BYTES), "FloatSubclass"),
+            (FakeNumpy(), "numpy.float64"),
+            (Fraction(BRIEF_BYTES), "Fraction"),
+            ([BRIEF_BYTES], "list"),
+        ],
+    )
+    def test_non_numbers(self, answer: object, phrase: str) -> None:
+        message = failure(answer, BRIEF_BYTES, name="bytes_per_token")
+        assert phrase in message
+        assert "bytes_per_token" in message
+
+    @pytest.mark.parametrize("answer", [math.nan, math.inf, -math.inf, np.float64("nan")])
+    def test_non_finite(self, answer: float) -> None:
+        assert "finite" in failure(answer, 1.0)
+
+    def test_fraction_for_integer_answer(self) -> None:
+        message = failure(14.06, 14, rel=0.1, integer=True, name="seats")
+        assert "whole number" in message
+
+    def test_bad_expected_is_a_test_bug(self) -> None:
+        with pytest.raises(TypeError, match="expected"):
+            expect(1, math.nan)
+        with pytest.raises(TypeError, match="expected"):
+            expect(1, True)  # type: ignore[arg-type]
+
+    def test_real_value_converts_numpy(self) -> None:
+        value = real_value(np.int64(7))
+        assert value == 7 and type(value) is int
+
+
+class TestGenericMistakes:
+    """Each generic slip, applied to the brief's example, is named."""
+
+    @pytest.mark.parametrize(
+        ("answer", "phrase"),
+        [
+            (BRIEF_BYTES // 2, "factor 2 for keys and values"),
+            (BRIEF_BYTES * 2, "twice"),
+            (BRIEF_BYTES * 8, "bits"),
+            (BRIEF_BYTES // 8, "bytes as bits"),
+            (BRIEF_BYTES // 40, "multiply by all 40 layers"),
+            (BRIEF_BYTES * 4, "32 attention (query) heads instead of the 8 KV heads"),
+            (BRIEF_BYTES * 16, "two slips"),
+        ],
+    )
+    def test_factor(self, answer: int, phrase: str) -> None:
+        message = failure(
+            answer, BRIEF_BYTES, rel=0, num_layers=40, num_attention_heads=32, num_kv_heads=8
+        )
+        assert phrase in message
+
+    @pytest.mark.parametrize(("power", "unit"), [(1, "KiB"), (2, "MiB"), (3, "GiB")])
+    def test_binary_vs_decimal(self, power: int, unit: str) -> None:
+        # 9 GiB read as 9 GB and the reverse (the brief's free memory).
+        right = 9 * 1024**power
+        assert unit in failure(9 * 1000**power, right, rel=0)
+        assert unit in failure(9 * 1024**power * 1.024**power, right, rel=0)
+
+    def test_layer_and_head_checks_need_their_numbers(self) -> None:
+        message = failure(BRIEF_BYTES // 40, BRIEF_BYTES, rel=0)
+        assert "layers" not in message
+
+    def test_unknown_factor_says_direction_only(self) -> None:
+        message = failure(BRIEF_BYTES * 3 + 1, BRIEF_BYTES, rel=0, unit="bytes")
+        assert "too large" in message
+        assert "(in bytes)" in message
+
+    def test_generic_off(self) -> None:
+        assert diagnose(7.0, 14.0, generic=False) is None
+        assert diagnose(7.0, 14.0) is not None
+
+
+class TestSpecificMistakes:
+    def test_specific_wins_over_generic(self) -> None:
+        hint = "you used 16-bit elements; this cache is 8-bit"
+        message = failure(2 * BRIEF_BYTES, BRIEF_BYTES, rel=0, mistakes={hint: 2 * BRIEF_BYTES})
+        assert hint in message
+        assert "twice" not in message
+
+    def test_mistake_equal_to_right_value_is_ignored(self) -> None:
+        # A wrong formula that happens to give the right number must not fail the answer.
+        expect(14, 14, mistakes={"rounded up": 14})
+
+    def test_matched_within_tiny_tolerance(self) -> None:
+        hint = "you gave milliseconds"
+        assert hint in failure(960.0000001, 0.96, rel=0.01, mistakes={hint: 960.0})
+
+
+class TestMessagesHideTheAnswer:
+    @given(
+        expected=st.integers(min_value=10, max_value=10**12),
+        answer=st.integers(min_value=0, max_value=10**13),
+        layers=st.integers(min_value=1, max_value=128),
+    )
+    def test_expected_never_in_message(self, expected: int, answer: int, layers: int) -> None:
+        if answer == expected:
+            return
+        message = failure(answer, expected, rel=0, num_layers=layers, unit="bytes")
+        own = message.replace(repr(answer), "")
+        for text in (str(expected), f"{expected:,}", f"{expected:_}"):
+            assert text not in own
+
+    def test_float_expected_never_in_message(self) -> None:
+        message = failure(0.5, 0.96, rel=0.01, unit="seconds")
+        assert "0.96" not in message
+
+
+def test_describe_type_problem_mentions_unit() -> None:
+    assert "(in bytes)" in describe_type_problem("__main__.Foo", "x", "bytes")
+
+
+def test_import_is_light() -> None:
+    """Graded notebooks import kvlib.grading: it must not pull in torch or numpy."""
+    code = "import sys, kvlib.grading; print(sorted({'torch', 'numpy'} & set(sys.modules)))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"

@@ -1,0 +1,168 @@
+"""kvlib.grading_verify: hidden tests run outside the kernel, on values read out of it."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import numpy as np
+import pytest
+from grading_support import CHALLENGES, SOURCE, read
+
+from kvlib.grading_verify import (
+    Unreadable,
+    free_names,
+    rebuild_value,
+    run_hidden_test,
+    snapshot_expression,
+)
+
+
+def hidden_test_cells() -> dict[str, str]:
+    """Source of each point-bearing test cell of chapter 1, by grade_id."""
+    cells = {}
+    for cell in read(SOURCE).cells:
+        meta = cell.metadata.get("nbgrader", {})
+        if meta.get("grade") and not meta.get("solution"):
+            cells[meta["grade_id"]] = cell.source
+    return cells
+
+
+def kernel_reply(value: Any, name: str = "x") -> dict[str, Any]:
+    """What IPython's user_expressions would return for ``value`` (text/plain is repr)."""
+    try:
+        result = eval(snapshot_expression(name), {name: value})
+    except NameError as err:
+        return {"status": "error", "ename": "NameError", "evalue": str(err)}
+    return {"status": "ok", "data": {"text/plain": repr(result)}}
+
+
+class AlwaysEqual:
+    def __eq__(self, other: object) -> bool:
+        return True
+
+    __hash__ = object.__hash__
+
+
+class TestSnapshot:
+    @pytest.mark.parametrize(
+        "value", [98304, 0.96, -3, 10**30, np.int64(24), np.float32(0.5), np.float64(1e-9)]
+    )
+    def test_numbers_round_trip(self, value: Any) -> None:
+        rebuilt = rebuild_value(kernel_reply(value))
+        assert rebuilt == value.item() if hasattr(value, "item") else rebuilt == value
+        assert type(rebuilt) in (int, float)
+
+    @pytest.mark.parametrize(
+        ("value", "type_name"),
+        [
+            (AlwaysEqual(), "AlwaysEqual"),
+            (True, "builtins.bool"),
+            ("98304", "builtins.str"),
+            (np.bool_(True), "numpy.bool"),
+            ([1], "builtins.list"),
+        ],
+    )
+    def test_others_unreadable(self, value: Any, type_name: str) -> None:
+        rebuilt = rebuild_value(kernel_reply(value))
+        assert isinstance(rebuilt, Unreadable)
+        assert type_name in rebuilt.type_name
+
+    def test_missing_name(self) -> None:
+        rebuilt = rebuild_value({"status": "error", "ename": "NameError"})
+        assert isinstance(rebuilt, Unreadable) and rebuilt.missing
+
+    @pytest.mark.parametrize(
+        "text",
+        ["__import__('os')", "('builtins', 'int', '__import__(\"os\")')", "garbage", "('a',)"],
+    )
+    def test_forged_replies_are_never_evaluated(self, text: str) -> None:
+        assert isinstance(rebuild_value({"status": "ok", "data": {"text/plain": text}}), Unreadable)
+
+    def test_name_must_be_identifier(self) -> None:
+        with pytest.raises(ValueError):
+            snapshot_expression("x); import os; (")
+
+
+def test_free_names() -> None:
+    source = (
+        "import math\nfrom m import f as g\nright = g(2)\nexpect(answer, right, [i for i in z])"
+    )
+    assert free_names(source) == ["answer", "expect", "z"]
+
+
+class TestRunHiddenTest:
+    SOURCE = "from kvlib.grading import expect\nexpect(x, 2 * 21, rel=0, name='x')"
+
+    def test_pass(self) -> None:
+        assert run_hidden_test(self.SOURCE, {"x": 42}).passed
+
+    def test_fail_message_without_traceback(self) -> None:
+        verdict = run_hidden_test(self.SOURCE, {"x": 41})
+        assert not verdict.passed and verdict.ename == "AssertionError"
+        assert "x = 41" in verdict.message
+        assert "2 * 21" not in verdict.message and "42" not in verdict.message
+
+    def test_unreadable_refused_before_running(self) -> None:
+        verdict = run_hidden_test(self.SOURCE, {"x": Unreadable("__main__.AlwaysEqual")})
+        assert not verdict.passed and "AlwaysEqual" in verdict.message
+
+    def test_error_in_test_reports_kind_only(self) -> None:
+        verdict = run_hidden_test("secret = 42\nraise ValueError(secret)", {})
+        assert verdict.ename == "ValueError" and "42" not in verdict.message
+        assert "42" in verdict.detail
+
+
+class TestChapter1HiddenTests:
+    """The real hidden tests of solutions/01_kv_cache, run as the grader runs them."""
+
+    RIGHT = {"bytes_per_token": 2 * 48 * 8 * 128, "seats": 24, "prefill_s": 0.96}
+
+    def test_one_per_challenge_reading_one_answer(self) -> None:
+        cells = hidden_test_cells()
+        assert sorted(cells) == sorted(CHALLENGES)
+        for name, source in cells.items():
+            assert free_names(source) == [name]
+
+    @pytest.mark.parametrize("name", CHALLENGES)
+    def test_right_answer_passes(self, name: str) -> None:
+        assert run_hidden_test(hidden_test_cells()[name], {name: self.RIGHT[name]}).passed
+
+    @pytest.mark.parametrize(
+        ("name", "answer", "phrase"),
+        [
+            ("bytes_per_token", 2 * 48 * 40 * 128, "40 attention heads"),
+            ("bytes_per_token", 48 * 8 * 128, "factor 2"),
+            ("bytes_per_token", 2 * 48 * 8 * 128 * 2, "2 bytes per element"),
+            ("bytes_per_token", 2 * 48 * 8 * 128 * 8, "8 bits"),
+            ("bytes_per_token", 2 * 8 * 128, "one layer"),
+            ("bytes_per_token", 96, "KiB"),
+            ("seats", 22, "30 GB"),
+            ("seats", 25, "rounded up"),
+            ("seats", 24.576, "whole number"),
+            ("seats", 30 * 2**30 // 131_072, "tokens, not conversations"),
+            ("prefill_s", 0.48, "left out the 2"),
+            ("prefill_s", 2.88, "6 FLOPs"),
+            ("prefill_s", 960.0, "milliseconds"),
+            ("prefill_s", 0.96 / 6000, "one token"),
+            ("prefill_s", 2 * 32e9 * 6000 / (400 * 2**40), "decimal"),
+        ],
+    )
+    def test_classic_mistakes_named(self, name: str, answer: float, phrase: str) -> None:
+        verdict = run_hidden_test(hidden_test_cells()[name], {name: answer})
+        assert not verdict.passed
+        assert phrase in verdict.message
+
+    def test_tolerance_of_prefill(self) -> None:
+        cell = hidden_test_cells()["prefill_s"]
+        assert run_hidden_test(cell, {"prefill_s": 0.9695}).passed
+        assert not run_hidden_test(cell, {"prefill_s": 0.98}).passed
+
+    @pytest.mark.parametrize("name", CHALLENGES)
+    def test_no_expected_literal_in_source(self, name: str) -> None:
+        """Feedback tracebacks quote source lines: the right value must not be written there."""
+        value = self.RIGHT[name]
+        source = hidden_test_cells()[name]
+        numbers = {n.replace("_", "").replace(",", "") for n in re.findall(r"[\d_.,]+", source)}
+        assert str(value) not in numbers
+        assert f"{value:,}" not in source
