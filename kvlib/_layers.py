@@ -189,7 +189,7 @@ def _full_layer_overrides(
                 get_int(fields, "head_dim", default=heads.head_dim),
             )
             for index, fields in explicit.items()
-            if isinstance(fields, Mapping) and str(index).isdigit()
+            if isinstance(fields, Mapping) and str(index).isdecimal() and str(index).isascii()
         }
     if not str(text.get("model_type", "")).startswith("gemma4"):
         return {}

@@ -100,6 +100,9 @@ def size_report(args: argparse.Namespace) -> dict[str, Any]:
         "attention": cfg.attention_type,
         "num_hidden_layers": cfg.num_hidden_layers,
         "num_sliding_layers": cfg.num_sliding_layers,
+        "layer_kinds": {
+            kind: cfg.layer_kinds.count(kind) for kind in dict.fromkeys(cfg.layer_kinds)
+        },
         "sliding_window_tokens": cfg.sliding_window,
         "num_key_value_heads": cfg.num_key_value_heads,
         "head_dim": cfg.head_dim,
@@ -164,9 +167,12 @@ def render(report: dict[str, Any]) -> str:
     """The human-readable table of a size report."""
     b = format_bytes
     window = report["sliding_window_tokens"]
+    kinds = report["layer_kinds"]
     layers = f"{report['num_hidden_layers']}"
+    if len(kinds) > 1:
+        layers += ": " + ", ".join(f"{count} {kind}" for kind, count in kinds.items())
     if window:
-        layers += f" ({report['num_sliding_layers']} sliding, window {window:,} tokens)"
+        layers += f" (window {window:,} tokens)"
     rows = [
         ("model", f"{report['model']} ({report['attention']})"),
         ("layers", layers),

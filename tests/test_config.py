@@ -12,6 +12,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from kvlib import sizing
 from kvlib.config import ConfigError, bundled_models, load_config
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -199,19 +200,39 @@ _KEYS = list(LLAMA_8B) + [
     "qk_rope_head_dim",
     "text_config",
     "sliding_window_pattern",
+    "num_kv_shared_layers",
+    "attention_chunk_size",
+    "no_rope_layers",
+    "linear_attn_config",
+    "per_layer_config",
+    "global_head_dim",
+    "use_bidirectional_attention",
+    "full_attention_interval",
+    "index_head_dim",
+    "linear_num_value_heads",
 ]
+_FAMILIES = ["llama", "gemma2", "gemma3", "gemma3n_text", "gemma4_text", "llama4_text",
+             "qwen2", "qwen3_next", "kimi_linear", "deepseek_v32", "falcon", "gpt2", "phi3"]
 
 
 @settings(max_examples=300, suppress_health_check=[HealthCheck.too_slow])
-@given(st.dictionaries(st.sampled_from(_KEYS), _json_values, max_size=8), st.booleans())
-def test_malformed_configs_raise_only_config_error(changes: dict[str, Any], drop: bool) -> None:
-    base = {} if drop else dict(LLAMA_8B)
+@given(
+    st.dictionaries(st.sampled_from(_KEYS), _json_values, max_size=8),
+    st.booleans(),
+    st.sampled_from(_FAMILIES),
+)
+def test_malformed_configs_raise_only_config_error(
+    changes: dict[str, Any], drop: bool, family: str
+) -> None:
+    base = {"model_type": family} if drop else {**LLAMA_8B, "model_type": family}
     try:
         cfg = load_config({**base, **changes})
     except ConfigError:
         return
     assert len(cfg.layer_kinds) == cfg.num_hidden_layers
     assert cfg.num_attention_heads % cfg.num_key_value_heads == 0
+    # Whatever parsed must size without error.
+    assert sizing.kv_bytes(cfg, 4096) >= 0
 
 
 @pytest.mark.reference
