@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -65,10 +66,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         message = exc.args[0] if exc.args else str(exc)
         print(f"kvlib size: error: {message}", file=sys.stderr)
         return 2
-    if args.json:
-        print(json.dumps(report, indent=2))
-    else:
-        print(render(report))
+    try:
+        print(json.dumps(report, indent=2) if args.json else render(report))
+        sys.stdout.flush()
+    except BrokenPipeError:
+        # The reader (e.g. `| head`) went away: stop quietly, as Unix tools do.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
     return 0
 
 
