@@ -6,7 +6,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: book test lint typecheck unit release check lab serve browser clean
+.PHONY: book test lint typecheck unit release check lab serve browser grading-deps clean
 
 $(STAMP): requirements.txt constraints.txt pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -19,7 +19,7 @@ book: $(STAMP) release
 	$(PY) scripts/build_book.py
 
 ## test: lint, type-check, then every test (unit, reference, notebooks, grading, site)
-test: $(STAMP) browser
+test: $(STAMP) browser grading-deps
 	$(PY) -m ruff check kvlib tests scripts nbgrader_config.py
 	$(PY) -m mypy
 	$(PY) -m pytest
@@ -27,7 +27,7 @@ test: $(STAMP) browser
 lint: $(STAMP)
 	$(PY) -m ruff check kvlib tests scripts nbgrader_config.py
 
-unit: $(STAMP)
+unit: $(STAMP) grading-deps
 	$(PY) -m pytest -m "not reference and not notebooks and not site"
 
 ## release: regenerate exercises/ from solutions/ with nbgrader generate_assignment
@@ -51,6 +51,10 @@ serve:
 # Headless Chromium for the site tests (Debian package; never a downloaded browser).
 browser:
 	@command -v chromium >/dev/null 2>&1 || { apt-get update -qq && apt-get install -y -qq --no-install-recommends chromium >/dev/null; }
+
+# bubblewrap sandboxes student kernels during grading (Debian package bubblewrap).
+grading-deps:
+	@command -v bwrap >/dev/null 2>&1 || { apt-get update -qq && apt-get install -y -qq --no-install-recommends bubblewrap >/dev/null; }
 
 clean:
 	rm -rf _build .pytest_cache .mypy_cache .ruff_cache

@@ -88,7 +88,7 @@ class ModelConfig:
     layers: tuple[LayerSpec, ...]
     sliding_window: int | None
     mla: MLAConfig | None
-    vocab_size: int
+    vocab_size: int | None
     intermediate_size: int
     tie_word_embeddings: bool
     dtype: str | None
@@ -186,7 +186,7 @@ def from_dict(data: Mapping[str, Any], *, name: str = "custom") -> ModelConfig:
         layers=layers,
         sliding_window=window if any(layer.kind == "sliding" for layer in layers) else None,
         mla=mla,
-        vocab_size=get_int(text, "vocab_size", default=_vocab_default(text)),
+        vocab_size=get_optional_int(text, "vocab_size"),
         intermediate_size=_intermediate_size(text, heads.hidden_size),
         tie_word_embeddings=_tied(data, text),
         dtype=_dtype(data, text),
@@ -205,11 +205,6 @@ def _mla(text: Mapping[str, Any]) -> MLAConfig | None:
         v_head_dim=get_int(text, "v_head_dim"),
         q_lora_rank=get_optional_int(text, "q_lora_rank"),
     )
-
-
-def _vocab_default(text: Mapping[str, Any]) -> int | None:
-    # GPT-2's transformers default; other families must state it.
-    return 50257 if text.get("model_type") == "gpt2" else None
 
 
 def _intermediate_size(text: Mapping[str, Any], hidden_size: int) -> int:

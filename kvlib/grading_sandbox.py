@@ -123,10 +123,13 @@ class SandboxedKernelManager(AsyncKernelManager):
         launch_cwd = (self._launch_args or {}).get("cwd")
         cwd = Path(str(launch_cwd) if launch_cwd else os.getcwd()).resolve()
         hidden = [Path(p).resolve() for p in self.hidden_paths]
-        hidden += [Path(tempfile.gettempdir()).resolve(), Path("/tmp")]
+        # Also hidden: temporary files and the grader's home (keys, tokens, other courses).
+        hidden += [Path(tempfile.gettempdir()).resolve(), Path("/tmp"), Path.home().resolve()]
         if (checkout / "solutions").exists():
             hidden.append(checkout)
-        readable = [Path(sys.prefix).resolve(), Path(sys.prefix), package]
+        # Re-exposed read-only: the interpreter (a venv and the Python it points to) and kvlib.
+        readable = [Path(sys.prefix), Path(sys.base_prefix), package]
+        readable = [p.resolve() for p in readable] + readable
         env = {
             # ipykernel exits when its parent looks like init (pid 1 in the new
             # pid namespace); bwrap --die-with-parent does that job instead.

@@ -50,6 +50,7 @@ class Unreadable:
 
     type_name: str
     missing: bool = False
+    error: str = ""  # the exception reading it raised, if any
 
 
 @dataclass(frozen=True)
@@ -94,8 +95,8 @@ def rebuild_value(reply: Mapping[str, object]) -> float | int | Unreadable:
     a string) becomes ``Unreadable`` carrying its type name.
     """
     if reply.get("status") != "ok":
-        missing = reply.get("ename") == "NameError"
-        return Unreadable(str(reply.get("ename", "error")), missing=missing)
+        ename = str(reply.get("ename", "error"))
+        return Unreadable("", missing=ename == "NameError", error=ename)
     data = reply.get("data")
     text = data.get("text/plain") if isinstance(data, Mapping) else None
     try:
@@ -114,6 +115,9 @@ def _problem(name: str, value: Unreadable) -> Verdict:
     if value.missing:
         message = f"{name} is not defined: assign your answer to it in the answer cell above."
         return Verdict(False, "NameError", message)
+    if value.error:
+        message = f"{name} could not be read ({value.error}); give a plain int or float."
+        return Verdict(False, "AssertionError", message)
     return Verdict(False, "AssertionError", describe_type_problem(value.type_name, name))
 
 

@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from kvlib._fields import get_bool, get_int, get_optional_int
+from kvlib._fields import ConfigError, get_bool, get_int, get_optional_int
 from kvlib.config import ModelConfig
 
 __all__ = ["active_param_count", "param_count"]
@@ -46,21 +46,29 @@ def active_param_count(cfg: ModelConfig) -> int:
     convention of OpenAI's gpt-oss model card (gpt-oss-20b: 3.6B active of
     21B); Mistral's "12.9B active" for Mixtral also counts the embedding table.
     """
-    lookup_only = cfg.vocab_size * cfg.hidden_size + _positions(cfg)
+    embedding = _vocab(cfg) * cfg.hidden_size
+    lookup_only = embedding + _positions(cfg)
     if cfg.tie_word_embeddings:
-        lookup_only -= cfg.vocab_size * cfg.hidden_size  # the LM head multiplies by it
+        lookup_only -= embedding  # the LM head multiplies by it
     return _count(cfg, active_only=True) - lookup_only
 
 
 def _count(cfg: ModelConfig, *, active_only: bool) -> int:
     h = cfg.hidden_size
-    total = cfg.vocab_size * h + _positions(cfg)  # token (and position) embeddings
+    total = _vocab(cfg) * h + _positions(cfg)  # token (and position) embeddings
     if not cfg.tie_word_embeddings:
-        total += cfg.vocab_size * h
+        total += _vocab(cfg) * h
     total += _norm(cfg)  # final norm
     for layer in range(cfg.num_hidden_layers):
         total += _attention(cfg) + _mlp(cfg, layer, active_only) + _layer_norms(cfg)
     return total
+
+
+def _vocab(cfg: ModelConfig) -> int:
+    """The vocabulary size, which only the parameter count needs."""
+    if cfg.vocab_size is None:
+        raise ConfigError(f"{cfg.name}: missing field 'vocab_size', needed to count the weights")
+    return cfg.vocab_size
 
 
 def _positions(cfg: ModelConfig) -> int:

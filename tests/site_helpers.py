@@ -34,7 +34,9 @@ CHROMIUM_ARGS = [
     "--no-first-run",
 ]
 # Inputs of the build: a change to any of them makes _build/html stale.
-BUILD_INPUTS = ["_config.yml", "_toc.yml", "book", "kvlib", "scripts/build_book.py"]
+BUILD_INPUTS = [
+    "_config.yml", "_toc.yml", "book", "kvlib", "exercises", "scripts/build_book.py",
+]
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,12 @@ from pathlib import Path
 import pytest
 
 import kvlib.grading_sandbox as sandbox
-from kvlib.grading_sandbox import SandboxedKernelManager, SandboxError, bwrap_available, sandbox_argv
+from kvlib.grading_sandbox import (
+    SandboxedKernelManager,
+    SandboxError,
+    bwrap_available,
+    sandbox_argv,
+)
 
 
 def run_sandboxed(argv: list[str], code: str) -> subprocess.CompletedProcess[str]:

@@ -72,6 +72,13 @@ class TestSnapshot:
         rebuilt = rebuild_value({"status": "error", "ename": "NameError"})
         assert isinstance(rebuilt, Unreadable) and rebuilt.missing
 
+    def test_value_whose_repr_fails(self) -> None:
+        # int("1" * 5000) fails Python's digit limit: the reply is an error, not a type
+        rebuilt = rebuild_value({"status": "error", "ename": "ValueError"})
+        assert isinstance(rebuilt, Unreadable) and rebuilt.error == "ValueError"
+        verdict = run_hidden_test("pass", {"x": rebuilt})
+        assert not verdict.passed and "could not be read (ValueError)" in verdict.message
+
     @pytest.mark.parametrize(
         "text",
         ["__import__('os')", "('builtins', 'int', '__import__(\"os\")')", "garbage", "('a',)"],

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import nbformat
 import pytest
 from grading_support import (
     ALWAYS_EQUAL,
@@ -73,9 +74,17 @@ def _students() -> dict[str, dict[str, str]]:
         "answer_prefill_s": "prefill_s = 123.0",
     }
     students["reads_solutions"] = {"answer_bytes_per_token": READ_SOLUTIONS}
+    students["numpy_answers"] = {
+        "answer_bytes_per_token": "import numpy as np\n"
+        "bytes_per_token = np.int64(2 * 48 * 8 * 128)",
+        "answer_seats": "seats = np.int32(30 * 2**30 // (10_000 * 131_072))",
+        "answer_prefill_s": "prefill_s = np.float64(2 * 32e9 * 6000 / 400e12)",
+    }
+    students["deleted_test"] = {**RIGHT, "seats": DELETE}
     return students
 
 
+DELETE = "<delete this cell>"
 STUDENTS = _students()
 EXPECTED_SCORE = {
     "solution": 6.0,
@@ -90,6 +99,8 @@ EXPECTED_SCORE = {
     "edited_test": 4.0,
     "monkeypatch": 0.0,
     "reads_solutions": 0.0,
+    "numpy_answers": 6.0,
+    "deleted_test": 4.0,
 }
 
 
@@ -133,6 +144,7 @@ def batch(tmp_path_factory: pytest.TempPathFactory) -> Batch:
     release = course / "exercises" / ASSIGNMENT / f"{NOTEBOOK}.ipynb"
     for student, answers in STUDENTS.items():
         nb = submission(answers, base=release)
+        nb.cells = [c for c in nb.cells if c.source != DELETE]
         write(nb, course / "submitted" / student / ASSIGNMENT / f"{NOTEBOOK}.ipynb")
     log = run_nbgrader(course, "autograde", ASSIGNMENT)
     run_nbgrader(course, "generate_feedback", ASSIGNMENT)
@@ -230,6 +242,24 @@ class TestFeedback:
         assert CLASSIC_WRONG["seats"][1] in batch.feedback("wrong_seats")
 
 
+def test_repository_course_config() -> None:
+    """nbgrader_config.py at the root: the course layout, a timeout, verified tests, no leaks."""
+    from nbgrader.preprocessors import ClearHiddenTests, Execute
+    from traitlets.config.loader import PyFileConfigLoader
+
+    from kvlib.grading_nbgrader import VerifiedExecute
+
+    c = PyFileConfigLoader("nbgrader_config.py", path=str(ROOT)).load_config()
+    assert c.CourseDirectory.root == str(ROOT)
+    assert c.CourseDirectory.source_directory == "solutions"
+    assert c.CourseDirectory.release_directory == "exercises"
+    assert 0 < c.Execute.timeout <= 120
+    assert VerifiedExecute in c.Autograde.autograde_preprocessors
+    assert Execute not in c.Autograde.autograde_preprocessors
+    assert ClearHiddenTests in c.GenerateFeedback.preprocessors
+    assert c.SandboxedKernelManager.mode == "require"
+
+
 def test_committed_exercises_match_a_fresh_release(tmp_path: Path) -> None:
     subprocess.run(
         [sys.executable, str(ROOT / "scripts" / "release.py"), "--output", str(tmp_path)],
@@ -250,3 +280,20 @@ def test_exercises_do_not_import_torch() -> None:
     for path in (ROOT / "exercises").rglob("*.ipynb"):
         for cell in read(path).cells:
             assert "torch" not in cell.source, f"{path}: exercises must not import torch"
+
+
+def test_solution_runs_top_to_bottom_without_torch() -> None:
+    """The source notebook, explore cells included (the grader skips those), runs clean."""
+    from nbclient import NotebookClient
+
+    nb = read(ROOT / "solutions" / ASSIGNMENT / f"{NOTEBOOK}.ipynb")
+    probe = "import sys\nprint(sorted({'torch', 'transformers'} & set(sys.modules)))"
+    nb.cells.append(nbformat.v4.new_code_cell(probe))
+    NotebookClient(nb, timeout=120, skip_cells_with_tag="", kernel_name="python3").execute()
+    errors = [
+        o for c in nb.cells if c.cell_type == "code" for o in c.outputs if o.output_type == "error"
+    ]
+    assert errors == []
+    explore = [c for c in nb.cells if "skip-execution" in c.metadata.get("tags", [])]
+    assert explore and all(c.outputs for c in explore)
+    assert nb.cells[-1].outputs[0]["text"].strip() == "[]"

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import functools
 import json
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -35,35 +35,51 @@ SLIDING_MODELS = ("Gemma-2-9B", "Mistral-7B-v0.1", "gpt-oss-20b")
 SMALL_WINDOW = 16  # for full-depth runs past the window of models whose real one is 4096
 
 
+@pytest.fixture(autouse=True, scope="module")
+def one_thread() -> Iterator[None]:
+    """Run torch on one thread: these models are tiny, and on a shared two-core
+    machine a second thread costs more in synchronisation than it gains."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+    built.cache_clear()  # the models are not needed past this module
+
+
 def real_config(name: str) -> dict[str, Any]:
     """The bundled config.json of ``name``, as shipped in kvlib."""
     data: dict[str, Any] = json.loads(bundled_config_path(name).read_text(encoding="utf-8"))
     return data
 
 
+# How each test model is derived from a bundled config (see variant_config).
+SMALL = "small"  # refmodels.shrink: same cache as the real model (MLA: its latent)
+SMALL_DECOMPRESSED = "small-decompressed"  # MLA only: same decompressed K/V as the real model
+DEEP_SMALL_WINDOW = "deep-small-window"  # SMALL with the window set to SMALL_WINDOW
+SHALLOW = "shallow"  # SMALL cut to two layers and one head, real window
+LAYOUT_OF = {SMALL: "latent", SMALL_DECOMPRESSED: "decompressed"}
+
+
 def shrink_variants(name: str) -> tuple[str, ...]:
     """MLA models are shrunk two ways, one per cache layout; others one way."""
-    return ("latent", "decompressed") if "kv_lora_rank" in real_config(name) else ("latent",)
+    if "kv_lora_rank" in real_config(name):
+        return (SMALL, SMALL_DECOMPRESSED)
+    return (SMALL,)
 
 
 @functools.cache
 def built(name: str, variant: str, dtype: str) -> transformers.PreTrainedModel:
-    """A model for a bundled config, built once per test session.
-
-    ``variant`` is "latent" or "decompressed" (the shrinking, see refmodels.shrink),
-    "deep-small-window" (shrunk, window set to SMALL_WINDOW) or "shallow" (two layers,
-    one head, real window).
-    """
+    """A model for a bundled config and one of the variants above, built once per run."""
     return refmodels.build_model(variant_config(name, variant), dtype)
 
 
 def variant_config(name: str, variant: str) -> dict[str, Any]:
-    if variant in ("latent", "decompressed"):
-        return refmodels.shrink(real_config(name), mla_layout=variant)
+    if variant in LAYOUT_OF:
+        return refmodels.shrink(real_config(name), mla_layout=LAYOUT_OF[variant])
     shrunk = refmodels.shrink(real_config(name))
-    if variant == "deep-small-window":
+    if variant == DEEP_SMALL_WINDOW:
         return refmodels.with_window(shrunk, SMALL_WINDOW)
-    if variant == "shallow":
+    if variant == SHALLOW:
         return refmodels.reduce_depth(shrunk, 2)
     raise ValueError(variant)
 
@@ -114,19 +130,20 @@ def test_shrinking_keeps_the_cache(name: str, variant: str) -> None:
     small = kvlib_config(variant_config(name, variant))
     assert small.layer_kinds == real.layer_kinds
     assert small.sliding_window == real.sliding_window
+    layout = LAYOUT_OF[variant]
     for dtype in DTYPES:
         for tokens in (1, PROMPT_TOKENS, 100_000):
             assert sizing.kv_bytes_by_layer(
-                small, tokens, dtype, mla_layout=variant
-            ) == sizing.kv_bytes_by_layer(real, tokens, dtype, mla_layout=variant)
+                small, tokens, dtype, mla_layout=layout
+            ) == sizing.kv_bytes_by_layer(real, tokens, dtype, mla_layout=layout)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("name", bundled_models())
 def test_cache_below_window(name: str, dtype: str) -> None:
     """Full depth, a prompt below every window, then two decode steps."""
-    model = built(name, "latent", dtype)
-    small = kvlib_config(variant_config(name, "latent"))
+    model = built(name, SMALL, dtype)
+    small = kvlib_config(variant_config(name, SMALL))
     real = load_config(name)
     after_prompt = refmodels.measure(model, PROMPT_TOKENS)
     assert after_prompt.layer_tokens == (PROMPT_TOKENS,) * real.num_hidden_layers
@@ -137,6 +154,8 @@ def test_cache_below_window(name: str, dtype: str) -> None:
     after_decode = refmodels.measure(model, PROMPT_TOKENS, decode_tokens=DECODE_TOKENS)
     assert_matches(after_decode, small, total, dtype)
     assert after_decode.total_bytes == sizing.kv_bytes(real, total, dtype)
+    growth = after_decode.total_bytes - after_prompt.total_bytes
+    assert growth == DECODE_TOKENS * sizing.kv_bytes_per_token(real, dtype)
 
 
 def _window_points(window: int) -> list[tuple[int, int]]:
@@ -148,11 +167,11 @@ def _window_points(window: int) -> list[tuple[int, int]]:
 @pytest.mark.parametrize("name", SLIDING_MODELS)
 def test_sliding_cap_at_the_real_window(name: str) -> None:
     """The real window, prompts on both sides of it, on a two-layer one-head model."""
-    config = variant_config(name, "shallow")
+    config = variant_config(name, SHALLOW)
     cfg = kvlib_config(config)
     assert cfg.sliding_window == load_config(name).sliding_window
     assert "sliding" in cfg.layer_kinds
-    model = built(name, "shallow", "fp32")
+    model = built(name, SHALLOW, "fp32")
     for prompt, steps in _window_points(cfg.sliding_window):
         measured = refmodels.measure(model, prompt, decode_tokens=steps)
         assert_matches(measured, cfg, prompt + steps, "fp32")
@@ -162,25 +181,23 @@ def test_sliding_cap_at_the_real_window(name: str) -> None:
 def test_sliding_cap_at_full_depth(name: str) -> None:
     """Every layer past the window: the real one where cheap (gpt-oss, 128), else 16."""
     real = load_config(name)
-    if real.sliding_window is not None and real.sliding_window <= 128:
-        variant, config = "latent", variant_config(name, "latent")
-    else:
-        variant, config = "deep-small-window", variant_config(name, "deep-small-window")
-    cfg = kvlib_config(config)
+    cheap = real.sliding_window is not None and real.sliding_window <= 128
+    variant = SMALL if cheap else DEEP_SMALL_WINDOW
+    cfg = kvlib_config(variant_config(name, variant))
     assert cfg.sliding_window is not None
     model = built(name, variant, "fp32")
     for prompt, steps in ((cfg.sliding_window + 40, 0), (cfg.sliding_window - 1, 2)):
         measured = refmodels.measure(model, prompt, decode_tokens=steps)
         assert_matches(measured, cfg, prompt + steps, "fp32")
-        if variant == "latent":
+        if variant == SMALL:
             assert measured.total_bytes == sizing.kv_bytes(real, prompt + steps, "fp32")
 
 
 @pytest.mark.parametrize(("name", "tokens"), [("Llama-3.1-8B", 9), ("gpt-oss-20b", 150)])
 def test_batch_multiplies_every_layer(name: str, tokens: int) -> None:
-    model = built(name, "latent", "fp32")
+    model = built(name, SMALL, "fp32")
     measured = refmodels.measure(model, tokens, batch=3)
-    assert_matches(measured, kvlib_config(variant_config(name, "latent")), tokens, "fp32", batch=3)
+    assert_matches(measured, kvlib_config(variant_config(name, SMALL)), tokens, "fp32", batch=3)
     assert measured.total_bytes == sizing.kv_bytes(load_config(name), tokens, "fp32", batch=3)
 
 
@@ -230,15 +247,15 @@ def test_full_attention_is_the_vllm_page() -> None:
 def test_transformers_caches_the_vllm_latent() -> None:
     """Independent of kvlib: transformers' DeepSeek cache is vLLM's MLA page, byte for byte."""
     raw = real_config("DeepSeek-V3")
-    measured = refmodels.measure(built("DeepSeek-V3", "latent", "bf16"), 16)
+    measured = refmodels.measure(built("DeepSeek-V3", SMALL, "bf16"), 16)
     assert measured.layer_bytes == (vllm_mla_page_bytes(raw, 16, 2),) * raw["num_hidden_layers"]
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_mla_decompressed_matches_expand_kv(dtype: str) -> None:
     """Per-head keys (qk_nope + qk_rope) and values (v_head_dim) for all 128 heads."""
-    model = built("DeepSeek-V3", "decompressed", dtype)
-    small = kvlib_config(variant_config("DeepSeek-V3", "decompressed"))
+    model = built("DeepSeek-V3", SMALL_DECOMPRESSED, dtype)
+    small = kvlib_config(variant_config("DeepSeek-V3", SMALL_DECOMPRESSED))
     cache = refmodels.prefill_and_decode(model, PROMPT_TOKENS, decode_tokens=DECODE_TOKENS)
     tokens = PROMPT_TOKENS + DECODE_TOKENS
     latent = refmodels.cache_bytes(cache)
@@ -356,6 +373,66 @@ EXTRA_CONFIGS: dict[str, dict[str, Any]] = {
         "first_k_dense_replace": 1,
         **_TINY,
     },
+    # Phi-3-mini layout: a window and no layer_types, so every layer slides.
+    "phi3-every-layer-slides": {
+        "model_type": "phi3",
+        "hidden_size": 64,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "num_hidden_layers": 3,
+        "sliding_window": SMALL_WINDOW,
+        "pad_token_id": None,
+        **_TINY,
+    },
+    # Cohere2 (Command R7B): default pattern of three sliding layers then one full.
+    "cohere2-default-pattern": {
+        "model_type": "cohere2",
+        "hidden_size": 64,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "num_hidden_layers": 5,
+        "sliding_window": SMALL_WINDOW,
+        **_TINY,
+    },
+    # Gemma 3 text with an explicit layer_types list that breaks the default pattern.
+    "gemma3-explicit-layer-types": {
+        "model_type": "gemma3_text",
+        "hidden_size": 64,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": 32,
+        "num_hidden_layers": 4,
+        "sliding_window": SMALL_WINDOW,
+        "layer_types": [
+            "full_attention",
+            "sliding_attention",
+            "sliding_attention",
+            "full_attention",
+        ],
+        **_TINY,
+    },
+    # Bidirectional Gemma 3 (EmbeddingGemma): Gemma3TextConfig turns W into W // 2 + 1.
+    "gemma3-bidirectional-window": {
+        "model_type": "gemma3_text",
+        "hidden_size": 64,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": 32,
+        "num_hidden_layers": 7,
+        "sliding_window": SMALL_WINDOW,
+        "use_bidirectional_attention": True,
+        **_TINY,
+    },
+    # Mixtral / Mistral with "sliding_window": null: full attention everywhere.
+    "mistral-null-window": {
+        "model_type": "mistral",
+        "hidden_size": 64,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "num_hidden_layers": 2,
+        "sliding_window": None,
+        **_TINY,
+    },
     # Falcon-40B layout: new_decoder_architecture with grouped KV heads.
     "falcon-new-decoder-architecture": {
         "model_type": "falcon",
@@ -390,7 +467,7 @@ def test_nbytes_counts_the_sliding_view_not_its_storage() -> None:
     """After a prompt longer than the window, a sliding layer exposes W - 1 tokens while
     the concatenated prompt is still allocated underneath until the next step; kvlib
     sizes the steady state, which is what the tensors expose."""
-    model = built("gpt-oss-20b", "shallow", "fp32")
+    model = built("gpt-oss-20b", SHALLOW, "fp32")
     window = load_config("gpt-oss-20b").sliding_window
     assert window is not None
     cache = refmodels.prefill_and_decode(model, window + 50)
@@ -404,8 +481,8 @@ def test_nbytes_counts_the_sliding_view_not_its_storage() -> None:
 
 def test_measurement_sees_the_dtype() -> None:
     """The harness would notice a cache kept in another dtype than the model's."""
-    fp32 = refmodels.measure(built("Llama-3.1-8B", "latent", "fp32"), 5)
-    bf16 = refmodels.measure(built("Llama-3.1-8B", "latent", "bf16"), 5)
+    fp32 = refmodels.measure(built("Llama-3.1-8B", SMALL, "fp32"), 5)
+    bf16 = refmodels.measure(built("Llama-3.1-8B", SMALL, "bf16"), 5)
     assert fp32.total_bytes == 2 * bf16.total_bytes
     assert fp32.dtypes == {torch.float32}
     assert bf16.dtypes == {torch.bfloat16}

@@ -294,8 +294,9 @@ def test_built_html_names_no_cdn(built_site: Path) -> None:
     assert list((mathjax_dir / "output" / "chtml" / "fonts" / "woff-v2").glob("*.woff"))
 
 
-# A tiny book built with the same script and configuration: a clean page must build,
-# a failing cell or a broken cross-reference must make the script exit non-zero.
+# A tiny book built with the same script and configuration: a clean page must build;
+# a failing cell, a broken cross-reference or a cell writing to stderr (a warning
+# printed by library code) must make the script exit non-zero.
 _PAGE_HEADER = """---
 jupytext:
   text_representation: {extension: .md, format_name: myst}
@@ -312,6 +313,8 @@ _CASES = {
     "failing-cell": ("```{code-cell} ipython3\n1 / 0\n```\n", 1, "CellExecutionError"),
     "broken-reference": ("See {doc}`a page that does not exist <nowhere>`.\n", 1,
                          "unknown document"),
+    "stderr-output": ("```{code-cell} ipython3\nimport sys\nprint('x', file=sys.stderr)\n```\n",
+                      1, "stderr was found"),
 }
 
 
