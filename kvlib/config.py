@@ -46,9 +46,10 @@ _DTYPE_NAMES = {
 class MLAConfig:
     """Multi-head Latent Attention dimensions (DeepSeek-V2/V3, Kimi K2).
 
-    Serving engines cache one latent vector of ``kv_lora_rank + qk_rope_head_dim``
-    elements per token per layer; ``transformers`` caches decompressed per-head
-    keys (``qk_nope_head_dim + qk_rope_head_dim``) and values (``v_head_dim``).
+    vLLM, SGLang and transformers 5 cache one latent vector of
+    ``kv_lora_rank + qk_rope_head_dim`` elements per token per layer; transformers
+    4.x cached the decompressed per-head keys (``qk_nope_head_dim +
+    qk_rope_head_dim``) and values (``v_head_dim``) instead, 71x more for DeepSeek-V3.
     """
 
     kv_lora_rank: int

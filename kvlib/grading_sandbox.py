@@ -71,7 +71,7 @@ def sandbox_argv(
     re-exposed inside it.
     """
     argv = ["bwrap", "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc"]
-    for path in _outermost(hidden):
+    for path in _outermost([p for p in hidden if len(p.parts) > 1]):  # never "/" itself
         argv += ["--tmpfs", str(path)]
     for path in sorted(set(readable), key=lambda p: len(p.parts)):
         if path.exists():

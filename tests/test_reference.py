@@ -433,18 +433,34 @@ EXTRA_CONFIGS: dict[str, dict[str, Any]] = {
         "sliding_window": None,
         **_TINY,
     },
-    # Falcon-40B layout: new_decoder_architecture with grouped KV heads.
-    "falcon-new-decoder-architecture": {
-        "model_type": "falcon",
-        "hidden_size": 256,
-        "num_attention_heads": 4,
-        "num_kv_heads": 2,
-        "num_hidden_layers": 2,
-        "new_decoder_architecture": True,
-        "ffn_hidden_size": 32,
-        "vocab_size": 128,
-    },
 }
+
+# Falcon-40B layout: new_decoder_architecture with grouped KV heads.
+FALCON_NEW_ARCH = {
+    "model_type": "falcon",
+    "hidden_size": 256,
+    "num_attention_heads": 4,
+    "num_kv_heads": 2,
+    "num_hidden_layers": 2,
+    "new_decoder_architecture": True,
+    "ffn_hidden_size": 32,
+    "vocab_size": 128,
+}
+
+
+def test_falcon_new_architecture_is_sized_as_serving_engines_cache_it() -> None:
+    """transformers copies Falcon-40B's 8 KV heads out to all query heads before caching
+    (FalconAttention.forward: ``num_kv_heads = self.num_heads if new_decoder_architecture``);
+    vLLM caches ``num_kv_heads`` (vllm/config/model.py, get_total_num_kv_heads). kvlib
+    follows the serving engine, so transformers holds exactly heads / kv_heads times more."""
+    cfg = load_config(FALCON_NEW_ARCH)
+    assert cfg.num_key_value_heads == 2
+    model = refmodels.build_model(FALCON_NEW_ARCH, "fp32")
+    tokens = 11
+    measured = refmodels.measure(model, tokens)
+    head_dim = 256 // 4
+    assert sizing.kv_bytes(cfg, tokens, "fp32") == 2 * 2 * 2 * head_dim * 4 * tokens
+    assert measured.total_bytes == sizing.kv_bytes(cfg, tokens, "fp32") * 4 // 2
 
 
 @pytest.mark.parametrize("key", sorted(EXTRA_CONFIGS))
