@@ -106,3 +106,19 @@ class TestModes:
         km = SandboxedKernelManager(mode="require")
         assert km.sandboxed and km.transport == "ipc"
         assert km.connection_file.startswith(km.runtime_dir)
+
+
+def test_kernel_command_hides_course_home_and_checkout(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv(sandbox.MODE_ENV, raising=False)
+    km = SandboxedKernelManager(mode="require", hidden_paths=[str(tmp_path / "course")])
+    km._launch_args = {"cwd": str(tmp_path / "course" / "autograded" / "s" / "a")}
+    argv = km.format_kernel_cmd()
+    tmpfs = {argv[i + 1] for i, arg in enumerate(argv) if arg == "--tmpfs"}
+    checkout = Path(sandbox.__file__).resolve().parents[1]
+    assert {str(Path.home().resolve()), "/tmp", str(checkout)} <= tmpfs
+    ro_binds = {argv[i + 1] for i, arg in enumerate(argv) if arg == "--ro-bind"}
+    assert str(Path(sys.prefix).resolve()) in ro_binds
+    assert argv[argv.index("--chdir") + 1] == km._launch_args["cwd"]
+    assert argv[argv.index("--") + 1 :][0] == sys.executable
