@@ -7,6 +7,20 @@ import pytest
 from kvlib.config import ModelConfig, bundled_models, load_config
 
 
+@pytest.fixture
+def brief_config() -> dict[str, object]:
+    """The course brief's worked example: 40 layers, 8 KV heads of 128 dims."""
+    return {
+        "model_type": "llama",
+        "num_hidden_layers": 40,
+        "num_attention_heads": 40,
+        "num_key_value_heads": 8,
+        "head_dim": 128,
+        "hidden_size": 5120,
+        "vocab_size": 32000,
+    }
+
+
 @pytest.fixture(params=bundled_models())
 def bundled(request: pytest.FixtureRequest) -> ModelConfig:
     """Each bundled real config in turn."""

@@ -40,21 +40,11 @@ def test_seats_on_a_gpu(capsys: pytest.CaptureFixture[str]) -> None:
     assert report["fits"] is True
 
 
-def test_kv_memory_reproduces_the_brief(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_kv_memory_reproduces_the_brief(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], brief_config: dict[str, object]
+) -> None:
     config = tmp_path / "config.json"
-    config.write_text(
-        json.dumps(
-            {
-                "model_type": "llama",
-                "num_hidden_layers": 40,
-                "num_attention_heads": 40,
-                "num_key_value_heads": 8,
-                "head_dim": 128,
-                "hidden_size": 5120,
-                "vocab_size": 32000,
-            }
-        )
-    )
+    config.write_text(json.dumps(brief_config))
     report = run_json(capsys, str(config), "--kv-memory", "9 GiB")
     assert report["kv_bytes_per_token"] == 163_840
     assert report["seats"] == 14

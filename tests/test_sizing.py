@@ -13,22 +13,12 @@ from kvlib.config import ModelConfig, load_config
 from kvlib.hardware import get_gpu
 from kvlib.units import GB, GiB, KiB, MiB
 
-# The course brief's worked example: 40 layers, 8 KV heads of 128 dims, 16-bit cache.
-BRIEF = {
-    "model_type": "llama",
-    "num_hidden_layers": 40,
-    "num_attention_heads": 40,
-    "num_key_value_heads": 8,
-    "head_dim": 128,
-    "hidden_size": 5120,
-    "vocab_size": 32000,
-}
 
-
-def test_course_brief_worked_example() -> None:
+def test_course_brief_worked_example(brief_config: dict[str, object]) -> None:
+    # 40 layers, 8 KV heads of 128 dims, 16-bit cache.
     per_token = sizing.kv_bytes_per_token_dense(40, 8, 128, 2)
     assert per_token == 163_840 == 160 * KiB
-    cfg = load_config(BRIEF)
+    cfg = load_config(brief_config)
     assert sizing.kv_bytes_per_token(cfg, "bf16") == per_token
     one_user = sizing.kv_bytes(cfg, 4096, "bf16")
     assert one_user == 640 * MiB
