@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import math
+import re
 import subprocess
 import sys
 from fractions import Fraction
 
 import numpy as np
 import pytest
-from hypothesis import given
+from hypothesis import assume, given
 from hypothesis import strategies as st
 
 from kvlib.grading import describe_type_problem, diagnose, expect, real_value
@@ -177,16 +178,18 @@ class TestSpecificMistakes:
 class TestMessagesHideTheAnswer:
     @given(
         expected=st.integers(min_value=10, max_value=10**12),
-        answer=st.integers(min_value=0, max_value=10**13),
+        # From 2 up: for an answer of 1, "about Nx too small" is the expected value
+        # itself, as any hint that names the factor must be.
+        answer=st.integers(min_value=2, max_value=10**13),
         layers=st.integers(min_value=1, max_value=128),
     )
     def test_expected_never_in_message(self, expected: int, answer: int, layers: int) -> None:
-        if answer == expected:
-            return
+        # The layer count is part of the prompt; the message may repeat it.
+        assume(answer != expected and layers != expected)
         message = failure(answer, expected, rel=0, num_layers=layers, unit="bytes")
-        own = message.replace(repr(answer), "")
-        for text in (str(expected), f"{expected:,}", f"{expected:_}"):
-            assert text not in own
+        own = message.split(" is wrong", 1)[-1]  # drop the echo of the student's answer
+        numbers = {n.replace(",", "").replace("_", "") for n in re.findall(r"[\d,_]+", own)}
+        assert str(expected) not in numbers
 
     def test_float_expected_never_in_message(self) -> None:
         message = failure(0.5, 0.96, rel=0.01, unit="seconds")
