@@ -70,6 +70,18 @@ _EXPLICIT_HEAD_DIM = {
 _MLA = {"deepseek_v2", "deepseek_v3"}
 
 
+# The smallest SigLIP tower a Gemma 3 wrapper accepts: it does not touch the text cache.
+TINY_VISION_CONFIG = {
+    "model_type": "siglip_vision_model",
+    "hidden_size": 32,
+    "intermediate_size": 32,
+    "num_hidden_layers": 1,
+    "num_attention_heads": 2,
+    "image_size": 28,
+    "patch_size": 14,
+}
+
+
 def strip_metadata(config: Mapping[str, Any]) -> dict[str, Any]:
     """A copy without ``_source``-style notes and checkpoint-only fields."""
     return {

@@ -253,15 +253,7 @@ CONFIGS: dict[str, dict[str, Any]] = {
             "vocab_size": refmodels.SMALL_VOCAB,
             "rope_scaling": {"factor": 8.0, "rope_type": "linear"},
         },
-        "vision_config": {
-            "model_type": "siglip_vision_model",
-            "hidden_size": 32,
-            "intermediate_size": 32,
-            "num_hidden_layers": 1,
-            "num_attention_heads": 2,
-            "image_size": 28,
-            "patch_size": 14,
-        },
+        "vision_config": refmodels.TINY_VISION_CONFIG,
     },
 }
 
