@@ -26,7 +26,7 @@ import nbformat
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from kvlib.grading_course import make_course, run_nbgrader  # noqa: E402
+from kvlib.grading.course import make_course, run_nbgrader  # noqa: E402
 
 CHAPTER = "01_kv_cache"
 EMPTY = "00_empty"

@@ -14,8 +14,11 @@ Steps:
 4. Scan the HTML for remote script, stylesheet or font addresses: the site must
    read offline.
 
-Usage: ``python scripts/build_book.py [--all] [--source DIR]``. Exit status 0 on
-success, non-zero on any warning, failing cell or remote asset.
+Usage: ``python scripts/build_book.py [--all] [--source DIR] [--chapter NN_slug]``.
+``--chapter`` builds the front pages, chapter 1 and that one chapter into
+``_build/chapters/NN_slug`` (its own execution cache), to check a chapter
+without building the whole site. Exit status 0 on success, non-zero on any
+warning, failing cell or remote asset.
 """
 
 from __future__ import annotations
@@ -117,15 +120,42 @@ def remote_assets(html_dir: Path) -> list[str]:
     return problems
 
 
-def jupyter_book_command(source: Path, rebuild_all: bool) -> list[str]:
+def jupyter_book_command(
+    source: Path, rebuild_all: bool, output: Path | None = None, toc: Path | None = None
+) -> list[str]:
     """The jupyter-book CLI of this Python environment, with warnings as errors."""
     executable = Path(sys.executable).parent / "jupyter-book"
     command = [str(executable)] if executable.is_file() else [
         sys.executable, "-c", "from jupyter_book.cli.main import main; main()"]
     command += ["build", str(source), "--builder", "html", "-W", "-n", "--keep-going"]
+    if output is not None:
+        command += ["--path-output", str(output)]
+    if toc is not None:
+        command += ["--toc", str(toc)]
     if rebuild_all:
         command.append("--all")
     return command
+
+
+def chapter_toc(source: Path, chapter: str, output: Path) -> Path:
+    """A table of contents with the front pages, chapter 1 and ``chapter`` only."""
+    import yaml
+
+    toc = yaml.safe_load((source / "_toc.yml").read_text(encoding="utf-8"))
+    wanted = {"book/01_kv_cache/overview", f"book/{chapter}/overview"}
+    for part in toc.get("parts", []):
+        part["chapters"] = [
+            entry for entry in part.get("chapters", [])
+            if "/overview" not in str(entry.get("file", "")) or entry["file"] in wanted
+        ]
+    if not any(e.get("file") == f"book/{chapter}/overview"
+               for part in toc["parts"] for e in part["chapters"]):
+        raise SystemExit(f"build_book: _toc.yml has no chapter book/{chapter}/overview")
+    toc["parts"] = [part for part in toc["parts"] if part["chapters"]]
+    output.mkdir(parents=True, exist_ok=True)
+    path = output / "_toc.yml"
+    path.write_text(yaml.safe_dump(toc, sort_keys=False), encoding="utf-8")
+    return path
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -133,9 +163,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--all", action="store_true", help="re-read every page")
     parser.add_argument("--source", type=Path, default=ROOT,
                         help="book folder holding _config.yml and _toc.yml (default: repo root)")
+    parser.add_argument("--chapter", help="build only this chapter (e.g. 02_paging) "
+                        "into _build/chapters/<chapter>")
     args = parser.parse_args(argv)
     source = args.source.resolve()
+    output: Path | None = None
+    toc: Path | None = None
     build_dir = source / "_build"
+    if args.chapter:
+        output = source / "_build" / "chapters" / args.chapter
+        toc = chapter_toc(source, args.chapter, output)
+        build_dir = output / "_build"
     html_dir = build_dir / "html"
     stamp = build_dir / KVLIB_STAMP_NAME
 
@@ -153,8 +191,8 @@ def main(argv: list[str] | None = None) -> int:
     # Pages import kvlib from this checkout even where it is not pip-installed.
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
-    result = subprocess.run(jupyter_book_command(source, rebuild_all), cwd=source, env=env,
-                            check=False)
+    result = subprocess.run(jupyter_book_command(source, rebuild_all, output, toc), cwd=source,
+                            env=env, check=False)
     if result.returncode != 0:
         print(f"build_book: jupyter-book failed with exit status {result.returncode}",
               file=sys.stderr)

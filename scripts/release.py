@@ -21,7 +21,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from kvlib.grading_course import (  # noqa: E402
+from kvlib.grading.course import (  # noqa: E402
     NbgraderError,
     assignment_ids,
     make_course,

@@ -1,4 +1,4 @@
-"""kvlib.grading_sandbox: student kernels see neither the course directory nor the network."""
+"""kvlib.grading.sandbox: student kernels see neither the course directory nor the network."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-import kvlib.grading_sandbox as sandbox
-from kvlib.grading_sandbox import (
+import kvlib.grading.sandbox as sandbox
+from kvlib.grading.sandbox import (
     SandboxedKernelManager,
     SandboxError,
     bwrap_available,
@@ -116,7 +116,7 @@ def test_kernel_command_hides_course_home_and_checkout(
     km._launch_args = {"cwd": str(tmp_path / "course" / "autograded" / "s" / "a")}
     argv = km.format_kernel_cmd()
     tmpfs = {argv[i + 1] for i, arg in enumerate(argv) if arg == "--tmpfs"}
-    checkout = Path(sandbox.__file__).resolve().parents[1]
+    checkout = Path(sandbox.__file__).resolve().parents[2]
     # Each must be hidden, itself or under a hidden parent (a checkout may live in /tmp).
     for hidden in (Path.home().resolve(), Path("/tmp"), checkout, tmp_path / "course"):
         assert any(hidden.is_relative_to(mount) for mount in tmpfs), hidden

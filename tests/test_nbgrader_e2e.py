@@ -33,8 +33,8 @@ from grading_support import (
     write,
 )
 
-from kvlib.grading_course import make_course, run_nbgrader
-from kvlib.grading_nbgrader import is_test_cell
+from kvlib.grading.autograde import is_test_cell
+from kvlib.grading.course import make_course, run_nbgrader
 
 pytestmark = pytest.mark.notebooks
 
@@ -247,7 +247,7 @@ def test_repository_course_config() -> None:
     from nbgrader.preprocessors import ClearHiddenTests, Execute
     from traitlets.config.loader import PyFileConfigLoader
 
-    from kvlib.grading_nbgrader import VerifiedExecute
+    from kvlib.grading.autograde import VerifiedExecute
 
     c = PyFileConfigLoader("nbgrader_config.py", path=str(ROOT)).load_config()
     assert c.CourseDirectory.root == str(ROOT)

@@ -1,4 +1,4 @@
-"""kvlib.selfcheck (``kvlib grade``): one notebook graded by nbgrader in a throwaway course."""
+"""kvlib.grading.selfcheck (``kvlib grade``): one notebook graded in a throwaway course."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import nbformat
 import pytest
 from grading_support import CHALLENGES, CLASSIC_WRONG, RELEASE, RIGHT, SOURCE, submission, write
 
-from kvlib.selfcheck import grade, main
+from kvlib.grading.selfcheck import grade, main
 
 pytestmark = pytest.mark.notebooks
 

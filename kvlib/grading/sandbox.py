@@ -86,7 +86,7 @@ def sandbox_argv(
 
 def _kvlib_paths() -> tuple[Path, Path]:
     """The installed kvlib package and the checkout holding it (hidden: it has solutions/)."""
-    package = Path(__file__).resolve().parent
+    package = Path(__file__).resolve().parents[1]  # kvlib/, this file is kvlib/grading/
     return package, package.parent
 
 

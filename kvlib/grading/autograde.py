@@ -4,10 +4,10 @@
 self-check's throwaway course) calls. It replaces nbgrader's ``Execute``
 with ``VerifiedExecute``, which:
 
-- runs answer and other cells in a sandboxed kernel (``grading_sandbox``);
+- runs answer and other cells in a sandboxed kernel (``kvlib.grading.sandbox``);
 - never sends a test cell (``grade`` and not ``solution``) to the kernel:
   it reads the values the test needs out of the kernel and runs the test in
-  this process (``grading_verify``), writing a pass (no output) or an error
+  this process (``kvlib.grading.hidden``), writing a pass (no output) or an error
   output whose message is the hint, without a traceback;
 - on a cell timeout or a dead kernel, records the error on that cell,
   restarts the kernel and carries on, so one infinite loop costs one cell
@@ -42,8 +42,8 @@ from nbgrader.utils import is_grade, is_solution
 import kvlib.grading
 import kvlib.sizing
 import kvlib.units
-from kvlib.grading_sandbox import SandboxedKernelManager
-from kvlib.grading_verify import (
+from kvlib.grading import DEFAULT_STUDENT, STUDENT_ENV, grading_student
+from kvlib.grading.hidden import (
     Unreadable,
     Verdict,
     free_names,
@@ -51,6 +51,7 @@ from kvlib.grading_verify import (
     run_hidden_test,
     snapshot_expression,
 )
+from kvlib.grading.sandbox import SandboxedKernelManager
 
 __all__ = ["CELL_TIMEOUT_S", "VerifiedExecute", "configure", "is_test_cell"]
 
@@ -76,6 +77,24 @@ class VerifiedExecute(Execute):  # type: ignore[misc]
     def __init__(self, **kwargs: Any) -> None:
         kwargs.setdefault("kernel_manager_class", SandboxedKernelManager)
         super().__init__(**kwargs)
+        self.student = DEFAULT_STUDENT
+
+    def preprocess(
+        self, nb: NotebookNode, resources: dict[str, Any], km: Any = None
+    ) -> tuple[NotebookNode, dict[str, Any]]:
+        """Grade one student's notebook: their kernel and their hidden tests draw the
+        challenge numbers (``kvlib.grading.numbers``) for that student's id."""
+        self.student = str(resources.get("nbgrader", {}).get("student") or DEFAULT_STUDENT)
+        before = os.environ.get(STUDENT_ENV)
+        os.environ[STUDENT_ENV] = self.student  # inherited by the kernel this run starts
+        try:
+            result: tuple[NotebookNode, dict[str, Any]] = super().preprocess(nb, resources, km)
+            return result
+        finally:
+            if before is None:
+                os.environ.pop(STUDENT_ENV, None)
+            else:
+                os.environ[STUDENT_ENV] = before
 
     def preprocess_cell(
         self, cell: NotebookNode, resources: dict[str, Any], index: int
@@ -110,7 +129,9 @@ class VerifiedExecute(Execute):  # type: ignore[misc]
         except SyntaxError as err:
             self.log.error("test cell %s does not parse: %s", grade_id, err)
             return Verdict(False, "SyntaxError", "the hidden test could not check the answer.")
-        verdict = run_hidden_test(cell.source, self._read_values(names))
+        values = self._read_values(names)
+        with grading_student(self.student):
+            verdict = run_hidden_test(cell.source, values)
         if verdict.detail:
             self.log.error("test cell %s failed to run: %s", grade_id, verdict.detail)
         self.log.info("test cell %s: %s", grade_id, "passed" if verdict.passed else verdict.ename)

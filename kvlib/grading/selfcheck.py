@@ -12,6 +12,7 @@ Scores come from nbgrader's gradebook, hints from the hidden tests' messages.
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import sys
 import tempfile
@@ -21,7 +22,8 @@ from typing import Any
 
 __all__ = ["Challenge", "Report", "SelfCheckError", "grade", "main"]
 
-_STUDENT = "self-check"
+# nbgrader keeps each student in a folder named by the id.
+_SAFE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._@+-]{0,99}$")
 
 
 class SelfCheckError(Exception):
@@ -78,7 +80,7 @@ def _grade_ids(nb: Any) -> set[str]:
 
 def _match(nb: Any, root: Path, path: Path) -> tuple[str, str]:
     """(assignment, source notebook name) sharing the most cell ids with ``nb``."""
-    from kvlib.grading_course import assignment_ids
+    from kvlib.grading.course import assignment_ids
 
     ids = _grade_ids(nb)
     best: tuple[int, str, str] | None = None
@@ -108,11 +110,19 @@ def grade(notebook: str | Path, *, timeout_s: int = 30) -> Report:
     """Autograde ``notebook`` against its assignment's source; raise SelfCheckError."""
     from nbgrader.api import Gradebook
 
-    from kvlib.grading_course import NbgraderError, course_root, make_course, run_nbgrader
-    from kvlib.grading_nbgrader import is_test_cell
+    from kvlib.grading import STUDENT_ENV, student_id
+    from kvlib.grading.autograde import is_test_cell
+    from kvlib.grading.course import NbgraderError, course_root, make_course, run_nbgrader
 
     path = Path(notebook)
     nb = _read(path)
+    # Graded as the learner whose numbers the notebook was drawn for.
+    student = student_id()
+    if not _SAFE_ID.match(student):
+        raise SelfCheckError(
+            f"the student id {student!r} cannot name a folder: set {STUDENT_ENV} to letters, "
+            "digits and . _ @ + - only, and rerun the notebook"
+        )
     try:
         root = course_root()
     except FileNotFoundError as err:
@@ -120,17 +130,17 @@ def grade(notebook: str | Path, *, timeout_s: int = 30) -> Report:
     assignment, name = _match(nb, root, path)
     with tempfile.TemporaryDirectory(prefix="kvlib-grade-") as tmp:
         course = make_course(Path(tmp), root, [assignment], sandbox="auto", timeout_s=timeout_s)
-        submitted = course / "submitted" / _STUDENT / assignment
+        submitted = course / "submitted" / student / assignment
         submitted.mkdir(parents=True)
         shutil.copyfile(path, submitted / f"{name}.ipynb")
         try:
             run_nbgrader(course, "generate_assignment", assignment, "--force")
-            run_nbgrader(course, "autograde", assignment, f"--student={_STUDENT}")
+            run_nbgrader(course, "autograde", assignment, f"--student={student}")
         except NbgraderError as err:
             raise SelfCheckError(str(err).splitlines()[0]) from None
-        graded = _read(course / "autograded" / _STUDENT / assignment / f"{name}.ipynb")
+        graded = _read(course / "autograded" / student / assignment / f"{name}.ipynb")
         with Gradebook(f"sqlite:///{course / 'gradebook.db'}") as gb:
-            submission = gb.find_submission_notebook(name, assignment, _STUDENT)
+            submission = gb.find_submission_notebook(name, assignment, student)
             scores = {g.name: (float(g.score), float(g.max_score)) for g in submission.grades}
     challenges = []
     for cell in graded.cells:

@@ -1,4 +1,4 @@
-"""kvlib.grading_verify: hidden tests run outside the kernel, on values read out of it."""
+"""kvlib.grading.hidden: hidden tests run outside the kernel, on values read out of it."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from grading_support import CHALLENGES, SOURCE, read
 
-from kvlib.grading_verify import (
+from kvlib.grading.hidden import (
     Unreadable,
     free_names,
     rebuild_value,

@@ -3,7 +3,7 @@
 Used by ``scripts/release.py`` (generate ``exercises/``), ``kvlib grade``
 (self-check one notebook) and the grading tests and benchmark. Each course is
 a temporary directory with a copy of ``solutions/<assignment>`` and an
-``nbgrader_config.py`` that applies ``kvlib.grading_nbgrader.configure``.
+``nbgrader_config.py`` that applies ``kvlib.grading.autograde.configure``.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ __all__ = [
 
 _CONFIG = '''"""Throwaway course: the same settings as the repository's nbgrader_config.py."""
 
-from kvlib.grading_nbgrader import configure
+from kvlib.grading.autograde import configure
 
 c = get_config()  # noqa: F821
 configure(c, {root!r}, sandbox={sandbox!r}, timeout_s={timeout_s!r})
