@@ -6,7 +6,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: book test lint typecheck unit release check lab serve browser grading-deps clean
+.PHONY: book test lint typecheck unit release check lab serve browser grading-deps system-deps clean
 
 $(STAMP): requirements.txt constraints.txt pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -19,7 +19,7 @@ book: $(STAMP) release
 	$(PY) scripts/build_book.py
 
 ## test: lint, type-check, then every test (unit, reference, notebooks, grading, site)
-test: $(STAMP) browser grading-deps
+test: $(STAMP) system-deps
 	$(PY) -m ruff check kvlib tests scripts nbgrader_config.py
 	$(PY) -m mypy
 	$(PY) -m pytest
@@ -27,7 +27,7 @@ test: $(STAMP) browser grading-deps
 lint: $(STAMP)
 	$(PY) -m ruff check kvlib tests scripts nbgrader_config.py
 
-unit: $(STAMP) grading-deps
+unit: $(STAMP) system-deps
 	$(PY) -m pytest -m "not reference and not notebooks and not site"
 
 ## release: regenerate exercises/ from solutions/ with nbgrader generate_assignment
@@ -55,6 +55,21 @@ browser:
 # bubblewrap sandboxes student kernels during grading (Debian package bubblewrap).
 grading-deps:
 	@command -v bwrap >/dev/null 2>&1 || { apt-get update -qq && apt-get install -y -qq --no-install-recommends bubblewrap >/dev/null; }
+
+# Every Debian package the tests start for real: Chromium (site), bubblewrap (grading
+# sandbox), Redis (rate limiter) and PostgreSQL (gradebook). Installed once, when missing.
+SYSTEM_PACKAGES := chromium:chromium bwrap:bubblewrap redis-server:redis-server \
+	/usr/lib/postgresql/15/bin/initdb:postgresql
+system-deps:
+	@missing=""; for pair in $(SYSTEM_PACKAGES); do \
+	  cmd=$${pair%%:*}; pkg=$${pair#*:}; \
+	  command -v $$cmd >/dev/null 2>&1 || test -x $$cmd || missing="$$missing $$pkg"; \
+	done; \
+	if [ -n "$$missing" ]; then \
+	  echo "installing Debian packages:$$missing"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+	    --no-install-recommends $$missing >/dev/null; \
+	fi
 
 clean:
 	rm -rf _build .pytest_cache .mypy_cache .ruff_cache

@@ -45,6 +45,7 @@ from typing import Any, NamedTuple
 
 __all__ = [
     "DEFAULT_STUDENT",
+    "HIDDEN_TEST_MODULES",
     "STUDENT_ENV",
     "Mistake",
     "Numbers",
@@ -56,6 +57,21 @@ __all__ = [
     "real_value",
     "student_id",
 ]
+
+# What hidden tests may import from kvlib: modules of the standard library alone,
+# loaded by the grader before any student kernel starts (kvlib.grading.autograde).
+HIDDEN_TEST_MODULES = (
+    "kvlib.grading",
+    "kvlib.units",
+    "kvlib.dtypes",
+    "kvlib.hardware",
+    "kvlib.specs",
+    "kvlib.config",
+    "kvlib.sizing",
+    "kvlib.params",
+    "kvlib.deploy",
+    "kvlib.paging",
+)
 
 # The student id a notebook's numbers are drawn for, outside a graded class.
 DEFAULT_STUDENT = "self-study"
