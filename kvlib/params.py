@@ -14,8 +14,9 @@ from typing import Any
 
 from kvlib._fields import ConfigError, get_bool, get_int, get_optional_int
 from kvlib.config import ModelConfig
+from kvlib.dtypes import bytes_for
 
-__all__ = ["active_param_count", "param_count"]
+__all__ = ["active_param_count", "param_count", "weight_bytes"]
 
 _LAYERNORM_FAMILIES = {"gpt2", "falcon"}  # LayerNorm has a bias: 2 x hidden per norm
 _FOUR_NORM_FAMILIES = {"gemma2", "gemma3", "gemma3_text"}  # pre/post norms around both blocks
@@ -51,6 +52,14 @@ def active_param_count(cfg: ModelConfig) -> int:
     if cfg.tie_word_embeddings:
         lookup_only -= embedding  # the LM head multiplies by it
     return _count(cfg, active_only=True) - lookup_only
+
+
+def weight_bytes(cfg: ModelConfig, weight_dtype: str = "bf16") -> int:
+    """``param_count x bits / 8``: 2 bytes a parameter at bf16, 1 at fp8/int8, 0.5 at int4.
+
+    Quantization scales (a few percent at 4-bit) are not included.
+    """
+    return bytes_for(param_count(cfg), weight_dtype)
 
 
 def _count(cfg: ModelConfig, *, active_only: bool) -> int:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from kvlib import sizing
+from kvlib import params, sizing
 from kvlib.cli import main
 from kvlib.config import load_config
 from kvlib.units import GiB
@@ -27,14 +27,14 @@ def test_json_fields_match_sizing(capsys: pytest.CaptureFixture[str]) -> None:
     assert report["kv_bytes_per_token"] == sizing.kv_bytes_per_token(cfg, "fp8")
     assert report["kv_bytes"] == sizing.kv_bytes(cfg, 8192, "fp8")
     assert isinstance(report["kv_bytes"], int)
-    assert report["weight_bytes"] == sizing.weight_bytes(cfg)
+    assert report["weight_bytes"] == params.weight_bytes(cfg)
     assert "seats" not in report
 
 
 def test_seats_on_a_gpu(capsys: pytest.CaptureFixture[str]) -> None:
     report = run_json(capsys, "Llama-3.1-8B", "--gpu", "H100-SXM", "--context", "32768")
     cfg = load_config("Llama-3.1-8B")
-    free = int(80 * GiB * 0.9) - sizing.weight_bytes(cfg)
+    free = int(80 * GiB * 0.9) - params.weight_bytes(cfg)
     assert report["free_kv_bytes_per_gpu"] == free
     assert report["seats"] == free // sizing.kv_bytes(cfg, 32768)
     assert report["fits"] is True

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from kvlib import sizing
+from kvlib import deploy, params, sizing
 from kvlib.config import ModelConfig, load_config
 from kvlib.hardware import get_gpu
 from kvlib.units import GB, GiB, KiB, MiB
@@ -106,46 +106,46 @@ def test_kv_bytes_is_monotone(a: int, b: int) -> None:
 
 def test_weights_by_precision() -> None:
     cfg = load_config("Llama-3.1-8B")
-    params = sizing.param_count(cfg)
-    assert sizing.weight_bytes(cfg, "bf16") == 2 * params
-    assert sizing.weight_bytes(cfg, "int8") == params
-    assert sizing.weight_bytes(cfg, "int4") == params // 2
+    count = params.param_count(cfg)
+    assert params.weight_bytes(cfg, "bf16") == 2 * count
+    assert params.weight_bytes(cfg, "int8") == count
+    assert params.weight_bytes(cfg, "int4") == count // 2
 
 
 def test_prefill_and_decode_bounds() -> None:
     # 2 FLOPs per parameter per prompt token: 8e9 params x 1000 tokens at 1e15 FLOP/s.
-    assert sizing.prefill_seconds(8 * 10**9, 1000, 1e15) == pytest.approx(0.016)
+    assert deploy.prefill_seconds(8 * 10**9, 1000, 1e15) == pytest.approx(0.016)
     # The course brief: 4 GB of int4 weights through 1,008 GB/s is 252 tokens/s.
-    assert sizing.decode_tokens_per_s(4 * GB, 1_008 * GB) == pytest.approx(252)
+    assert deploy.decode_tokens_per_s(4 * GB, 1_008 * GB) == pytest.approx(252)
 
 
 def test_kv_outweighs_weights_at() -> None:
     cfg = load_config("Llama-3.1-8B")
-    tokens = sizing.kv_exceeds_weights_at_tokens(cfg)
+    tokens = deploy.kv_exceeds_weights_at_tokens(cfg)
     assert tokens is not None
-    weights = sizing.weight_bytes(cfg)
+    weights = params.weight_bytes(cfg)
     assert sizing.kv_bytes(cfg, tokens) > weights >= sizing.kv_bytes(cfg, tokens - 1)
 
 
 def test_tensor_parallel_degrees_and_shares() -> None:
     llama = load_config("Llama-3.1-70B")
-    assert sizing.valid_tp_degrees(llama) == [1, 2, 4, 8]
-    assert sizing.valid_tp_degrees(load_config("Falcon-7B")) == [1]  # 71 heads
-    one = sizing.kv_bytes_per_gpu(llama, 1000, tp=1)
-    assert sizing.kv_bytes_per_gpu(llama, 1000, tp=8) == one // 8
+    assert deploy.valid_tp_degrees(llama) == [1, 2, 4, 8]
+    assert deploy.valid_tp_degrees(load_config("Falcon-7B")) == [1]  # 71 heads
+    one = deploy.kv_bytes_per_gpu(llama, 1000, tp=1)
+    assert deploy.kv_bytes_per_gpu(llama, 1000, tp=8) == one // 8
     mla = load_config("DeepSeek-V3")
-    assert sizing.kv_bytes_per_gpu(mla, 1000, tp=8) == sizing.kv_bytes(mla, 1000)
+    assert deploy.kv_bytes_per_gpu(mla, 1000, tp=8) == sizing.kv_bytes(mla, 1000)
     with pytest.raises(ValueError, match="tp=3"):
-        sizing.kv_bytes_per_gpu(llama, 1000, tp=3)
+        deploy.kv_bytes_per_gpu(llama, 1000, tp=3)
 
 
 def test_min_gpus() -> None:
     h100 = get_gpu("H100-SXM")
-    assert sizing.min_gpus(load_config("Llama-3.1-8B"), h100) == 1
+    assert deploy.min_gpus(load_config("Llama-3.1-8B"), h100) == 1
     # 141 GB of bf16 weights: two 80 GiB cards at 90 % leave room.
-    assert sizing.min_gpus(load_config("Llama-3.1-70B"), h100) == 2
+    assert deploy.min_gpus(load_config("Llama-3.1-70B"), h100) == 2
     # 671 GB at fp8 needs 9 cards of 72 GiB; the next degree that splits 128 heads is 16.
-    assert sizing.min_gpus(load_config("DeepSeek-V3"), h100, "fp8") == 16
+    assert deploy.min_gpus(load_config("DeepSeek-V3"), h100, "fp8") == 16
 
 
 @pytest.mark.parametrize(
@@ -163,7 +163,7 @@ def test_min_gpus() -> None:
         ),
         (sizing.seats, {"free_bytes": 10, "bytes_per_seat": 0}, "bytes_per_seat"),
         (
-            sizing.prefill_seconds,
+            deploy.prefill_seconds,
             {"num_params": 10, "prompt_tokens": 5, "flops_per_s": 0},
             "flops_per_s",
         ),

@@ -8,7 +8,7 @@ import os
 import sys
 from typing import Any
 
-from kvlib import sizing
+from kvlib import deploy, params, sizing
 from kvlib.commands import UsageError, fail
 from kvlib.config import ConfigError, ModelConfig, bundled_models, load_config
 from kvlib.dtypes import DTYPE_BITS, check_dtype
@@ -103,8 +103,8 @@ def size_report(args: argparse.Namespace) -> dict[str, Any]:
         "kv_bytes_per_token": sizing.kv_bytes_per_token(cfg, kv_dtype),
         "kv_bytes": sizing.kv_bytes(cfg, args.context, kv_dtype),
         "kv_bytes_batch": sizing.kv_bytes(cfg, args.context, kv_dtype, batch=args.batch),
-        "param_count": sizing.param_count(cfg),
-        "weight_bytes": sizing.weight_bytes(cfg, weight_dtype),
+        "param_count": params.param_count(cfg),
+        "weight_bytes": params.weight_bytes(cfg, weight_dtype),
     }
     gpu = get_gpu(args.gpu) if args.gpu else None
     if gpu is not None or args.kv_memory:
@@ -120,9 +120,9 @@ def _deployment(
     weight_dtype: str,
 ) -> dict[str, Any]:
     """Seats, context and speed bounds on ``args.tp`` GPUs."""
-    per_gpu_kv = sizing.kv_bytes_per_gpu(cfg, args.context, kv_dtype, args.tp)
+    per_gpu_kv = deploy.kv_bytes_per_gpu(cfg, args.context, kv_dtype, args.tp)
     out: dict[str, Any] = {"tp": args.tp, "kv_bytes_per_gpu": per_gpu_kv}
-    weights_per_gpu = -(-sizing.weight_bytes(cfg, weight_dtype) // args.tp)
+    weights_per_gpu = -(-params.weight_bytes(cfg, weight_dtype) // args.tp)
     if gpu is not None:
         if not 0 < args.gpu_memory_utilization <= 1:
             raise UsageError("--gpu-memory-utilization must be in (0, 1], e.g. 0.9")
@@ -132,8 +132,8 @@ def _deployment(
             gpu_memory_bytes=gpu.memory_bytes,
             gpu_memory_utilization=args.gpu_memory_utilization,
             weight_bytes_per_gpu=weights_per_gpu,
-            min_gpus=sizing.min_gpus(cfg, gpu, weight_dtype, args.gpu_memory_utilization),
-            valid_tp_degrees=sizing.valid_tp_degrees(cfg),
+            min_gpus=deploy.min_gpus(cfg, gpu, weight_dtype, args.gpu_memory_utilization),
+            valid_tp_degrees=deploy.valid_tp_degrees(cfg),
             hbm_bandwidth_bytes_per_s=gpu.hbm_bandwidth_bytes_per_s,
         )
         free = usable - weights_per_gpu
@@ -147,7 +147,7 @@ def _deployment(
     out["seats"] = sizing.seats(max(free, 0), per_gpu_kv)
     if gpu is not None and free > 0:
         step_bytes = weights_per_gpu + args.batch * per_gpu_kv
-        out["decode_tokens_per_s_bound"] = sizing.decode_tokens_per_s(
+        out["decode_tokens_per_s_bound"] = deploy.decode_tokens_per_s(
             step_bytes, gpu.hbm_bandwidth_bytes_per_s
         )
     return out
