@@ -24,7 +24,8 @@ def parser() -> argparse.ArgumentParser:
     commands = root.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for info in sorted(pkgutil.iter_modules(kvlib.commands.__path__), key=lambda m: m.name):
         module = importlib.import_module(f"kvlib.commands.{info.name}")
-        module.register(commands)
+        if hasattr(module, "register"):  # helper modules (tables) register nothing
+            module.register(commands)
     return root
 
 

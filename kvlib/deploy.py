@@ -10,13 +10,16 @@ from __future__ import annotations
 
 import math
 
-from kvlib.config import LayerSpec, ModelConfig
+from kvlib.checks import require_fraction, require_int, require_positive
+from kvlib.config import ModelConfig
 from kvlib.hardware import GPUSpec
-from kvlib.params import weight_bytes
-from kvlib.sizing import _check_positive, _check_tokens, kv_bytes_by_layer, max_context_tokens
+from kvlib.params import expert_weight_bytes, weight_bytes
+from kvlib.sizing import kv_bytes_by_layer, max_context_tokens
 
 __all__ = [
+    "decode_step_bytes",
     "decode_tokens_per_s",
+    "expected_experts_touched",
     "kv_bytes_per_gpu",
     "kv_exceeds_weights_at_tokens",
     "min_gpus",
@@ -26,7 +29,7 @@ __all__ = [
 
 
 def kv_exceeds_weights_at_tokens(
-    cfg: ModelConfig, kv_dtype: str = "bf16", weight_dtype: str = "bf16"
+    cfg: ModelConfig, kv_dtype: str = "bf16", weight_dtype: str | None = "bf16"
 ) -> int | None:
     """Smallest context at which one sequence's cache outweighs the weights.
 
@@ -45,10 +48,9 @@ def prefill_seconds(num_params: int, prompt_tokens: int, flops_per_s: float) -> 
     few thousand tokens. Use an achievable ``flops_per_s`` (a fraction of the
     datasheet peak), not the peak itself.
     """
-    _check_positive("num_params", num_params)
-    _check_tokens(prompt_tokens, "prompt_tokens")
-    if not flops_per_s > 0:
-        raise ValueError(f"flops_per_s must be positive, got {flops_per_s!r}")
+    require_int(num_params, "num_params", 1)
+    require_int(prompt_tokens, "prompt_tokens")
+    require_positive(flops_per_s, "flops_per_s")
     return 2 * num_params * prompt_tokens / flops_per_s
 
 
@@ -59,10 +61,46 @@ def decode_tokens_per_s(bytes_read_per_step: int, bandwidth_bytes_per_s: float) 
     so a memory-bound step cannot be faster. The course brief's example: 4 GB
     of int4 weights through 1,008 GB/s give 252 tokens/s.
     """
-    _check_positive("bytes_read_per_step", bytes_read_per_step)
-    if not bandwidth_bytes_per_s > 0:
-        raise ValueError(f"bandwidth_bytes_per_s must be positive, got {bandwidth_bytes_per_s!r}")
+    require_int(bytes_read_per_step, "bytes_read_per_step", 1)
+    require_positive(bandwidth_bytes_per_s, "bandwidth_bytes_per_s")
     return bandwidth_bytes_per_s / bytes_read_per_step
+
+
+def expected_experts_touched(num_experts: int, experts_per_token: int, tokens: int) -> float:
+    """Experts a layer reads for ``tokens`` tokens routed uniformly at random:
+    ``E x (1 - (1 - k / E) ** B)`` (each expert is missed by a token with
+    probability ``1 - k / E``). Real routers are skewed, so this is a lower bound
+    on the spread of a real batch's experts only on average.
+    """
+    require_int(num_experts, "num_experts", 1)
+    require_int(experts_per_token, "experts_per_token", 1)
+    require_int(tokens, "tokens", 1)
+    return num_experts * (1 - (1 - experts_per_token / num_experts) ** tokens)
+
+
+def decode_step_bytes(
+    cfg: ModelConfig,
+    batch: int,
+    context_tokens: int,
+    kv_dtype: str = "bf16",
+    weight_dtype: str | None = "bf16",
+    tp: int = 1,
+) -> int:
+    """Bytes one decode step reads on each of ``tp`` GPUs: weights plus ``batch`` caches.
+
+    ``W / tp + B x KV(T) / GPU``: every dense weight once per step, each sequence's
+    cache once. A mixture-of-experts layer reads only the experts its ``B`` tokens
+    are routed to: the expected number under uniform routing
+    (:func:`expected_experts_touched`) of the ``E`` experts' bytes.
+    """
+    require_int(batch, "batch", 1)
+    weights = weight_bytes(cfg, weight_dtype)
+    if cfg.moe is not None:
+        experts = expert_weight_bytes(cfg, weight_dtype)
+        moe = cfg.moe
+        touched = expected_experts_touched(moe.num_experts, moe.experts_per_token, batch)
+        weights = weights - experts + math.ceil(experts * touched / moe.num_experts)
+    return -(-weights // tp) + batch * kv_bytes_per_gpu(cfg, context_tokens, kv_dtype, tp)
 
 
 def valid_tp_degrees(cfg: ModelConfig, max_tp: int = 8) -> list[int]:
@@ -71,10 +109,8 @@ def valid_tp_degrees(cfg: ModelConfig, max_tp: int = 8) -> list[int]:
     vLLM requires ``num_attention_heads % tp == 0``; KV heads are split when
     ``num_key_value_heads % tp == 0`` and replicated when ``tp % num_key_value_heads == 0``.
     """
-    _check_positive("max_tp", max_tp)
-    kv_heads = {
-        layer.num_key_value_heads for layer in cfg.layers if layer.kind not in ("mla", "linear")
-    }
+    require_int(max_tp, "max_tp", 1)
+    kv_heads = {layer.kv_heads for layer in cfg.layers if layer.kv_heads is not None}
     return [
         tp
         for tp in range(1, max_tp + 1)
@@ -100,30 +136,15 @@ def kv_bytes_per_gpu(
     by_layer = kv_bytes_by_layer(cfg, context_tokens, kv_dtype)
     total = 0
     for layer, layer_bytes in zip(cfg.layers, by_layer, strict=True):
-        numerator, denominator = _share_per_gpu(layer, tp)
-        total += layer_bytes * numerator // denominator
+        share = layer.tp_share(tp)
+        total += layer_bytes * share.numerator // share.denominator
     return total
-
-
-def _share_per_gpu(layer: LayerSpec, tp: int) -> tuple[int, int]:
-    """The fraction of a layer's cache each GPU holds, as (numerator, denominator).
-
-    KV heads split ``max(1, H_kv / tp)`` of ``H_kv``; an MLA latent is whole on
-    every GPU; a linear-attention state splits with its heads, ``1 / tp``.
-    """
-    if layer.kind == "mla":
-        return 1, 1
-    if layer.kind == "linear":
-        return 1, tp
-    if layer.kind == "shared":
-        return 0, 1
-    return max(1, layer.num_key_value_heads // tp), layer.num_key_value_heads
 
 
 def min_gpus(
     cfg: ModelConfig,
     gpu: GPUSpec,
-    weight_dtype: str = "bf16",
+    weight_dtype: str | None = "bf16",
     gpu_memory_utilization: float = 0.9,
     max_tp: int = 64,
 ) -> int | None:
@@ -133,10 +154,7 @@ def min_gpus(
     the weights split ``1 / tp`` per GPU and something must be left for the KV
     cache. None if no valid degree up to ``max_tp`` fits.
     """
-    if not 0 < gpu_memory_utilization <= 1:
-        raise ValueError(
-            f"gpu_memory_utilization must be in (0, 1], got {gpu_memory_utilization!r}"
-        )
+    require_fraction(gpu_memory_utilization, "gpu_memory_utilization")
     usable = gpu.memory_bytes * gpu_memory_utilization
     weights = weight_bytes(cfg, weight_dtype)
     lower = math.ceil(weights / usable)

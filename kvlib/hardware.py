@@ -1,12 +1,16 @@
-"""Accelerator specifications, one row per card, each with its datasheet.
+"""Accelerator specifications, one row per card, each with its sources.
 
-Units: ``memory_bytes`` is the HBM/GDDR capacity. Vendors print it as "80GB",
-but memory stacks come in binary sizes, so an "80GB" card holds 80 GiB; the
-driver reports slightly less (``nvidia-smi`` shows 81,559 MiB on an H100 SXM),
-so plan with ``gpu_memory_utilization`` below 1. Bandwidth and FLOP/s are
-decimal (1 TB/s = 10**12 B/s) and dense: datasheets also print "with sparsity"
-figures, twice as large, that dense transformer inference does not reach.
-L2 sizes are binary (50 MB of L2 is 50 MiB).
+Memory: ``memory_bytes`` is what the driver reports as the card's total
+(``nvidia-smi --query-gpu=memory.total``, in MiB), the figure every seat count
+here uses. The datasheet prints a round "80 GB" (``datasheet_memory_gb``);
+the HBM stacks hold 80 GiB, part of which the driver keeps for ECC and
+itself, so an H100 reports 81,559 MiB (79.6 GiB) and an L4 "24 GB" card
+23,034 MiB (22.5 GiB). Where no driver reading is recorded the row says so
+(``driver_reported`` is False) and ``memory_bytes`` falls back to the printed
+figure read as decimal GB, the lower of the two readings.
+Bandwidth and FLOP/s are decimal (1 TB/s = 10**12 B/s) and dense: datasheets
+also print "with sparsity" figures, twice as large, that dense transformer
+inference does not reach. L2 sizes are binary (50 MB of L2 is 50 MiB).
 """
 
 from __future__ import annotations
@@ -14,25 +18,38 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from kvlib.units import GiB, MiB
+from kvlib.units import GB, TB, MiB
 
 __all__ = ["GPUSpec", "GPUS", "get_gpu", "gpu_from_torch_name", "gpu_names"]
 
-TB = 10**12
 TFLOP = 10**12
 
 
 @dataclass(frozen=True)
 class GPUSpec:
-    """One accelerator: capacity (binary bytes), bandwidth and dense FLOP/s (decimal)."""
+    """One accelerator: driver-reported memory (bytes), bandwidth and dense FLOP/s (decimal)."""
 
     name: str
-    memory_bytes: int
+    datasheet_memory_gb: int
+    driver_memory_mib: int | None
     hbm_bandwidth_bytes_per_s: float
     bf16_dense_flops_per_s: float
     fp8_dense_flops_per_s: float | None
     l2_bytes: int | None
     source: str
+    memory_source: str
+
+    @property
+    def driver_reported(self) -> bool:
+        """Whether ``memory_bytes`` is a recorded driver reading (else the datasheet's)."""
+        return self.driver_memory_mib is not None
+
+    @property
+    def memory_bytes(self) -> int:
+        """Total memory as the driver reports it; the datasheet's GB when no reading exists."""
+        if self.driver_memory_mib is not None:
+            return self.driver_memory_mib * MiB
+        return self.datasheet_memory_gb * GB
 
     @property
     def ridge_flops_per_byte(self) -> float:
@@ -42,23 +59,34 @@ class GPUSpec:
 
 def _spec(
     name: str,
-    memory_gib: int,
+    memory: tuple[int, int | None, str],
     bandwidth_tb_s: float,
     bf16_tflops: float,
     fp8_tflops: float | None,
     l2_mib: int | None,
     source: str,
 ) -> GPUSpec:
+    datasheet_gb, driver_mib, memory_source = memory
     return GPUSpec(
         name=name,
-        memory_bytes=memory_gib * GiB,
+        datasheet_memory_gb=datasheet_gb,
+        driver_memory_mib=driver_mib,
         hbm_bandwidth_bytes_per_s=bandwidth_tb_s * TB,
         bf16_dense_flops_per_s=bf16_tflops * TFLOP,
         fp8_dense_flops_per_s=None if fp8_tflops is None else fp8_tflops * TFLOP,
         l2_bytes=None if l2_mib is None else l2_mib * MiB,
         source=source,
+        memory_source=memory_source,
     )
 
+
+# Where each driver reading was seen (nvidia-smi memory.total, MiB).
+_SMI_MODAL = "nvidia-smi memory.total listed in modal-labs/modal-client pull request 2797 (2025)"
+_SMI_NCCL = "nvidia-smi on an HGX H100 SXM, NVIDIA/nccl issue 1264 (2024)"
+_SMI_H200 = "nvidia-smi on HGX H200 nodes (driver 570), e.g. NVIDIA H200 143771MiB"
+_SMI_B200 = "nvidia-smi on an HGX B200, NVIDIA/TensorRT-LLM issue 10278 (driver 580.95)"
+_SMI_4090 = "nvidia-smi on an RTX 4090, vllm-project/vllm issue 7553 (driver 535)"
+_NO_READING = "no driver reading recorded: the datasheet's GB, read as decimal"
 
 _A100 = (
     "NVIDIA A100 Tensor Core GPU datasheet (2021), SXM column; L2 from the Ampere GA100 whitepaper"
@@ -75,13 +103,13 @@ _ADA = (
 GPUS: dict[str, GPUSpec] = {
     spec.name: spec
     for spec in (
-        _spec("A100-40GB", 40, 1.555, 312, None, 40, _A100),
-        _spec("A100-80GB", 80, 2.039, 312, None, 40, _A100),
-        _spec("H100-SXM", 80, 3.35, 989.4, 1978.9, 50, _H100 + ", SXM column"),
-        _spec("H100-PCIe", 80, 2.0, 756.5, 1513, 50, _H100 + ", PCIe column"),
+        _spec("A100-40GB", (40, 40_960, _SMI_MODAL), 1.555, 312, None, 40, _A100),
+        _spec("A100-80GB", (80, 81_920, _SMI_MODAL), 2.039, 312, None, 40, _A100),
+        _spec("H100-SXM", (80, 81_559, _SMI_NCCL), 3.35, 989.4, 1978.9, 50, _H100 + ", SXM column"),
+        _spec("H100-PCIe", (80, None, _NO_READING), 2.0, 756.5, 1513, 50, _H100 + ", PCIe column"),
         _spec(
             "H200",
-            141,
+            (141, 143_771, _SMI_H200),
             4.8,
             989.4,
             1978.9,
@@ -90,18 +118,34 @@ GPUS: dict[str, GPUSpec] = {
         ),
         _spec(
             "B200",
-            180,
+            (180, 183_359, _SMI_B200),
             8.0,
             2250,
             4500,
             None,
             "NVIDIA HGX B200 datasheet (2025), per GPU; L2 not published",
         ),
-        _spec("L4", 24, 0.3, 121, 242.5, 48, "NVIDIA L4 Tensor Core GPU datasheet (2023); " + _ADA),
-        _spec("L40S", 48, 0.864, 362.05, 733, 96, "NVIDIA L40S GPU datasheet (2023); " + _ADA),
+        _spec(
+            "L4",
+            (24, 23_034, _SMI_MODAL),
+            0.3,
+            121,
+            242.5,
+            48,
+            "NVIDIA L4 Tensor Core GPU datasheet (2023); " + _ADA,
+        ),
+        _spec(
+            "L40S",
+            (48, 46_068, _SMI_MODAL),
+            0.864,
+            362.05,
+            733,
+            96,
+            "NVIDIA L40S GPU datasheet (2023); " + _ADA,
+        ),
         _spec(
             "RTX-4090",
-            24,
+            (24, 24_564, _SMI_4090),
             1.008,
             165.2,
             330.3,
@@ -110,7 +154,7 @@ GPUS: dict[str, GPUSpec] = {
         ),
         _spec(
             "MI300X",
-            192,
+            (192, None, _NO_READING),
             5.3,
             1307.4,
             2614.9,

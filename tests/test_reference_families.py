@@ -377,7 +377,7 @@ def test_layer_kinds_cover_every_family_feature() -> None:
     assert kinds["kimi-linear-attn-config"] == ["linear", "mla", "linear", "mla"]
     assert kinds["kimi-linear-default"] == ["linear"] * 4 + ["mla"]
     indexed = kvlib_config("deepseek-v3.2").layers
-    assert all(layer.kind == "mla" and layer.indexer_dim == 128 for layer in indexed)
+    assert all(layer.kind == "mla" and layer.indexer_head_dim == 128 for layer in indexed)
 
 
 DEEPSEEK_V4 = {

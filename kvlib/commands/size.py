@@ -1,21 +1,68 @@
-"""``kvlib size CONFIG``: KV cache, weights and seats for a model config."""
+"""``kvlib size CONFIG``: KV cache, weights, seats and decode bound for a model config."""
 
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import sys
+from dataclasses import dataclass
 from typing import Any
 
 from kvlib import deploy, params, sizing
-from kvlib.commands import UsageError, fail
+from kvlib.commands import UsageError, emit, fail
+from kvlib.commands.size_render import render
 from kvlib.config import ConfigError, ModelConfig, bundled_models, load_config
 from kvlib.dtypes import DTYPE_BITS, check_dtype
 from kvlib.hardware import GPUSpec, get_gpu, gpu_names
-from kvlib.units import format_bytes, format_rate, parse_bytes
+from kvlib.units import parse_bytes
 
-__all__ = ["register", "render", "size_report"]
+__all__ = ["SizeReport", "register", "size_report"]
+
+AUTO = "auto"
+
+
+@dataclass(frozen=True)
+class SizeReport:
+    """Everything ``kvlib size`` prints; ``--json`` prints these fields (bytes are ints).
+
+    Fields that need a GPU (or ``--kv-memory``) are None without one.
+    """
+
+    model: str
+    model_type: str
+    attention: str
+    num_hidden_layers: int
+    layer_kinds: dict[str, int]
+    sliding_window_tokens: int | None
+    num_key_value_heads: int
+    head_dim: int
+    context_tokens: int
+    batch: int
+    kv_dtype: str
+    kv_bytes_per_token: int
+    kv_bytes: int
+    kv_bytes_batch: int
+    param_count: int | None
+    active_param_count: int | None
+    param_count_note: str | None
+    weight_dtype: str
+    weight_format: str
+    weight_bytes: int | None
+    weight_note: str | None
+    tp: int
+    gpu: str | None
+    gpu_memory_bytes: int | None
+    gpu_memory_source: str | None
+    gpu_memory_utilization: float | None
+    weight_bytes_per_gpu: int | None
+    min_gpus: int | None
+    valid_tp_degrees: list[int] | None
+    hbm_bandwidth_bytes_per_s: float | None
+    kv_bytes_per_gpu: int
+    free_kv_bytes_per_gpu: int | None
+    fits: bool | None
+    seats: int | None
+    decode_step_bytes: int | None
+    decode_tokens_per_s_bound: float | None
+    notes: list[str]
 
 
 def register(commands: Any) -> None:
@@ -29,9 +76,14 @@ def register(commands: Any) -> None:
     size.add_argument("config", help="path to a config.json (or its folder), or a bundled name")
     size.add_argument("--context", type=int, default=4096, help="tokens per sequence (4096)")
     size.add_argument("--batch", type=int, default=1, help="concurrent sequences (1)")
-    dtypes = list(DTYPE_BITS)
-    size.add_argument("--kv-dtype", default="bf16", help=f"KV element type: {', '.join(dtypes)}")
-    size.add_argument("--weight-dtype", default="bf16", help="weight element type (bf16)")
+    dtypes = ", ".join(DTYPE_BITS)
+    size.add_argument("--kv-dtype", default="bf16", help=f"KV element type: {dtypes} (bf16)")
+    size.add_argument(
+        "--weight-dtype",
+        default=AUTO,
+        help=f"weight element type: {dtypes}, or 'auto' for the checkpoint as it ships "
+        "(its quantization_config, else torch_dtype) (auto)",
+    )
     size.add_argument("--gpu", help=f"one of {', '.join(gpu_names())}")
     size.add_argument(
         "--gpu-memory-utilization",
@@ -51,27 +103,52 @@ def run(args: argparse.Namespace) -> int:
     """Print the size report; exit status 2 with one line on bad input."""
     try:
         report = size_report(args)
-    except (ConfigError, UsageError, ValueError, KeyError) as exc:
-        message = exc.args[0] if exc.args else str(exc)
-        return fail("size", message)
-    try:
-        print(json.dumps(report, indent=2) if args.json else render(report))
-        sys.stdout.flush()
-    except BrokenPipeError:
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-    return 0
+    except (ConfigError, UsageError) as exc:
+        return fail("size", str(exc.args[0]) if exc.args else str(exc))
+    return emit(report, args.json, render)
 
 
-def _checked(args: argparse.Namespace) -> tuple[ModelConfig, str, str]:
-    if args.context < 1:
-        raise UsageError(f"--context must be a positive number of tokens, got {args.context}")
-    if args.batch < 1:
-        raise UsageError(f"--batch must be at least 1, got {args.batch}")
-    if args.tp < 1:
-        raise UsageError(f"--tp must be at least 1, got {args.tp}")
+@dataclass(frozen=True)
+class _Inputs:
+    cfg: ModelConfig
+    kv_dtype: str
+    weight_dtype: str | None
+    gpu: GPUSpec | None
+    kv_memory_bytes: int | None
+
+
+def _inputs(args: argparse.Namespace) -> _Inputs:
+    """Every flag checked, each failure naming the flag and the fix."""
+    for flag, value, low in (("--context", args.context, 1), ("--batch", args.batch, 1),
+                             ("--tp", args.tp, 1)):  # fmt: skip
+        if value < low:
+            raise UsageError(f"{flag} must be at least {low}, got {value}")
+    if not 0 < args.gpu_memory_utilization <= 1:
+        raise UsageError("--gpu-memory-utilization must be in (0, 1], e.g. 0.9")
     kv_dtype = _dtype("--kv-dtype", args.kv_dtype)
-    weight_dtype = _dtype("--weight-dtype", args.weight_dtype)
-    return load_config(args.config), kv_dtype, weight_dtype
+    weight_dtype = (
+        None if args.weight_dtype == AUTO else _dtype("--weight-dtype", args.weight_dtype)
+    )
+    gpu = None
+    if args.gpu:
+        try:
+            gpu = get_gpu(args.gpu)
+        except KeyError as err:
+            raise UsageError(str(err.args[0])) from None
+    kv_memory = None
+    if args.kv_memory:
+        try:
+            kv_memory = parse_bytes(args.kv_memory)
+        except ValueError as err:
+            raise UsageError(f"--kv-memory: {err}") from None
+    cfg = load_config(args.config)
+    if args.tp not in deploy.valid_tp_degrees(cfg, max_tp=args.tp):
+        raise UsageError(
+            f"--tp {args.tp} (tp={args.tp}) does not split the {cfg.num_attention_heads} "
+            f"attention heads and {cfg.num_key_value_heads} KV heads of {cfg.name} evenly: "
+            f"use one of {deploy.valid_tp_degrees(cfg, max_tp=max(args.tp, 8))}"
+        )
+    return _Inputs(cfg, kv_dtype, weight_dtype, gpu, kv_memory)
 
 
 def _dtype(flag: str, value: str) -> str:
@@ -82,129 +159,90 @@ def _dtype(flag: str, value: str) -> str:
         raise UsageError(f"{flag} {value!r} is not a dtype: use one of {known}") from None
 
 
-def size_report(args: argparse.Namespace) -> dict[str, Any]:
-    """Everything ``kvlib size`` prints, as plain JSON-ready values (bytes are ints)."""
-    cfg, kv_dtype, weight_dtype = _checked(args)
-    report: dict[str, Any] = {
-        "model": cfg.name,
-        "attention": cfg.attention_type,
-        "num_hidden_layers": cfg.num_hidden_layers,
-        "num_sliding_layers": cfg.num_sliding_layers,
-        "layer_kinds": {
-            kind: cfg.layer_kinds.count(kind) for kind in dict.fromkeys(cfg.layer_kinds)
-        },
-        "sliding_window_tokens": cfg.sliding_window,
-        "num_key_value_heads": cfg.num_key_value_heads,
-        "head_dim": cfg.head_dim,
-        "context_tokens": args.context,
-        "batch": args.batch,
-        "kv_dtype": kv_dtype,
-        "weight_dtype": weight_dtype,
-        "kv_bytes_per_token": sizing.kv_bytes_per_token(cfg, kv_dtype),
-        "kv_bytes": sizing.kv_bytes(cfg, args.context, kv_dtype),
-        "kv_bytes_batch": sizing.kv_bytes(cfg, args.context, kv_dtype, batch=args.batch),
-        "param_count": params.param_count(cfg),
-        "weight_bytes": params.weight_bytes(cfg, weight_dtype),
-    }
-    gpu = get_gpu(args.gpu) if args.gpu else None
-    if gpu is not None or args.kv_memory:
-        report.update(_deployment(cfg, args, gpu, kv_dtype, weight_dtype))
-    return report
+def _weights(cfg: ModelConfig, weight_dtype: str | None) -> tuple[str, int | None, str | None]:
+    """(format, bytes or None, why None) of the weights at ``weight_dtype`` or as shipped."""
+    if weight_dtype is None:
+        shipped = params.shipped_weights(cfg)
+        return shipped.format, shipped.bytes, shipped.note or None
+    count = params.count_params(cfg)
+    if count.total is None:
+        return weight_dtype, None, count.note
+    return weight_dtype, params.weight_bytes(cfg, weight_dtype), None
 
 
-def _deployment(
-    cfg: ModelConfig,
-    args: argparse.Namespace,
-    gpu: GPUSpec | None,
-    kv_dtype: str,
-    weight_dtype: str,
-) -> dict[str, Any]:
-    """Seats, context and speed bounds on ``args.tp`` GPUs."""
-    per_gpu_kv = deploy.kv_bytes_per_gpu(cfg, args.context, kv_dtype, args.tp)
-    out: dict[str, Any] = {"tp": args.tp, "kv_bytes_per_gpu": per_gpu_kv}
-    weights_per_gpu = -(-params.weight_bytes(cfg, weight_dtype) // args.tp)
-    if gpu is not None:
-        if not 0 < args.gpu_memory_utilization <= 1:
-            raise UsageError("--gpu-memory-utilization must be in (0, 1], e.g. 0.9")
-        usable = int(gpu.memory_bytes * args.gpu_memory_utilization)
-        out.update(
-            gpu=gpu.name,
-            gpu_memory_bytes=gpu.memory_bytes,
-            gpu_memory_utilization=args.gpu_memory_utilization,
-            weight_bytes_per_gpu=weights_per_gpu,
-            min_gpus=deploy.min_gpus(cfg, gpu, weight_dtype, args.gpu_memory_utilization),
-            valid_tp_degrees=deploy.valid_tp_degrees(cfg),
-            hbm_bandwidth_bytes_per_s=gpu.hbm_bandwidth_bytes_per_s,
-        )
+def size_report(args: argparse.Namespace) -> SizeReport:
+    """The report for parsed ``kvlib size`` arguments; UsageError/ConfigError on bad input."""
+    given = _inputs(args)
+    cfg, kv_dtype, tp = given.cfg, given.kv_dtype, args.tp
+    count = params.count_params(cfg)
+    weight_format, weights, weight_note = _weights(cfg, given.weight_dtype)
+    per_gpu_kv = deploy.kv_bytes_per_gpu(cfg, args.context, kv_dtype, tp)
+    gpu, notes = given.gpu, _notes(cfg, kv_dtype, given.gpu)
+    usable = None if gpu is None else int(gpu.memory_bytes * args.gpu_memory_utilization)
+    weights_per_gpu = None if weights is None else -(-weights // tp)
+    free = given.kv_memory_bytes
+    if free is None and usable is not None and weights_per_gpu is not None:
         free = usable - weights_per_gpu
-    if args.kv_memory:
-        try:
-            free = parse_bytes(args.kv_memory)
-        except ValueError as exc:
-            raise UsageError(f"--kv-memory: {exc}") from None
-    out["free_kv_bytes_per_gpu"] = max(free, 0)
-    out["fits"] = free > 0
-    out["seats"] = sizing.seats(max(free, 0), per_gpu_kv)
-    if gpu is not None and free > 0:
-        step_bytes = weights_per_gpu + args.batch * per_gpu_kv
-        out["decode_tokens_per_s_bound"] = deploy.decode_tokens_per_s(
-            step_bytes, gpu.hbm_bandwidth_bytes_per_s
+    fits = None if free is None else free > 0
+    seats = None if free is None else sizing.seats(max(free, 0), per_gpu_kv)
+    step_bytes = speed = None
+    if gpu is not None and weights is not None and fits:
+        step_bytes = deploy.decode_step_bytes(
+            cfg, args.batch, args.context, kv_dtype, given.weight_dtype, tp
         )
-    return out
+        speed = deploy.decode_tokens_per_s(step_bytes, gpu.hbm_bandwidth_bytes_per_s)
+    min_gpus = None
+    if gpu is not None and weights is not None:
+        min_gpus = deploy.min_gpus(cfg, gpu, given.weight_dtype, args.gpu_memory_utilization)
+    return SizeReport(
+        model=cfg.name,
+        model_type=cfg.model_type,
+        attention=cfg.attention_type,
+        num_hidden_layers=cfg.num_hidden_layers,
+        layer_kinds={kind: cfg.layer_kinds.count(kind) for kind in dict.fromkeys(cfg.layer_kinds)},
+        sliding_window_tokens=cfg.sliding_window,
+        num_key_value_heads=cfg.num_key_value_heads,
+        head_dim=cfg.head_dim,
+        context_tokens=args.context,
+        batch=args.batch,
+        kv_dtype=kv_dtype,
+        kv_bytes_per_token=sizing.kv_bytes_per_token(cfg, kv_dtype),
+        kv_bytes=sizing.kv_bytes(cfg, args.context, kv_dtype),
+        kv_bytes_batch=sizing.kv_bytes(cfg, args.context, kv_dtype, batch=args.batch),
+        param_count=count.total,
+        active_param_count=count.active,
+        param_count_note=count.note or None,
+        weight_dtype=given.weight_dtype or AUTO,
+        weight_format=weight_format,
+        weight_bytes=weights,
+        weight_note=weight_note,
+        tp=tp,
+        gpu=None if gpu is None else gpu.name,
+        gpu_memory_bytes=None if gpu is None else gpu.memory_bytes,
+        gpu_memory_source=None if gpu is None else gpu.memory_source,
+        gpu_memory_utilization=None if gpu is None else args.gpu_memory_utilization,
+        weight_bytes_per_gpu=weights_per_gpu,
+        min_gpus=min_gpus,
+        valid_tp_degrees=None if gpu is None else deploy.valid_tp_degrees(cfg),
+        hbm_bandwidth_bytes_per_s=None if gpu is None else gpu.hbm_bandwidth_bytes_per_s,
+        kv_bytes_per_gpu=per_gpu_kv,
+        free_kv_bytes_per_gpu=None if free is None else max(free, 0),
+        fits=fits,
+        seats=seats,
+        decode_step_bytes=step_bytes,
+        decode_tokens_per_s_bound=speed,
+        notes=notes,
+    )
 
 
-def render(report: dict[str, Any]) -> str:
-    """The human-readable table of a size report."""
-    b = format_bytes
-    window = report["sliding_window_tokens"]
-    kinds = report["layer_kinds"]
-    layers = f"{report['num_hidden_layers']}"
-    if len(kinds) > 1:
-        layers += ": " + ", ".join(f"{count} {kind}" for kind, count in kinds.items())
-    if window:
-        layers += f" (window {window:,} tokens)"
-    rows = [
-        ("model", f"{report['model']} ({report['attention']})"),
-        ("layers", layers),
-        ("KV heads x head dim", f"{report['num_key_value_heads']} x {report['head_dim']}"),
-        (
-            f"KV per token ({report['kv_dtype']})",
-            f"{b(report['kv_bytes_per_token'])} ({report['kv_bytes_per_token']:,} B)",
-        ),
-        (
-            f"KV for {report['context_tokens']:,} tokens",
-            f"{b(report['kv_bytes'])} ({report['kv_bytes']:,} B)",
-        ),
-        (f"KV for batch of {report['batch']}", b(report["kv_bytes_batch"])),
-        ("parameters", f"{report['param_count'] / 1e9:,.2f} B"),
-        (f"weights ({report['weight_dtype']})", b(report["weight_bytes"])),
-    ]
-    if "gpu" in report:
-        rows += [
-            (
-                "GPU",
-                f"{report['gpu']} x {report['tp']}, {b(report['gpu_memory_bytes'])} each, "
-                f"{report['gpu_memory_utilization']:.0%} usable",
-            ),
-            ("weights per GPU", b(report["weight_bytes_per_gpu"])),
-            ("min GPUs for weights", str(report["min_gpus"])),
-            ("valid TP degrees", ", ".join(map(str, report["valid_tp_degrees"]))),
-        ]
-    if "seats" in report:
-        rows += [
-            ("free for KV per GPU", b(report["free_kv_bytes_per_gpu"])),
-            ("KV per sequence per GPU", b(report["kv_bytes_per_gpu"])),
-            (f"seats at {report['context_tokens']:,} tokens", str(report["seats"])),
-        ]
-    if "decode_tokens_per_s_bound" in report:
-        rows.append(
-            (
-                "decode bound per sequence",
-                f"{report['decode_tokens_per_s_bound']:,.1f} tokens/s "
-                f"({format_rate(report['hbm_bandwidth_bytes_per_s'])})",
-            )
+def _notes(cfg: ModelConfig, kv_dtype: str, gpu: GPUSpec | None) -> list[str]:
+    """What the figures assume, where a reader could assume otherwise."""
+    notes = list(dict.fromkeys(n for n in (s.layout_note(kv_dtype) for s in cfg.layers) if n))
+    if gpu is not None and not gpu.driver_reported:
+        notes.append(f"{gpu.name} memory: {gpu.memory_source}")
+    if gpu is not None:
+        notes.append(
+            "free memory = utilization x GPU memory - weights per GPU; an engine also "
+            "reserves activations and CUDA graphs, so it grants somewhat less"
         )
-    if report.get("fits") is False:
-        rows.append(("note", "the weights do not fit: raise --tp or lower --weight-dtype"))
-    width = max(len(k) for k, _ in rows)
-    return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
+    return notes

@@ -12,7 +12,9 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from kvlib._fields import ConfigError, get_optional_int
+from kvlib.config.fields import ConfigError, get_optional_int
+
+__all__ = ["KNOWN_TYPES", "layer_types"]
 
 KNOWN_TYPES = (
     "full_attention",
@@ -32,31 +34,20 @@ _PATTERNS = {
     "gemma4_text": 6,
     "gemma4_unified_text": 6,
 }
-# Families with a vision wrapper whose text model_type was not filled in.
-_ALIASES = {
-    "gemma3": "gemma3_text",
-    "gemma4": "gemma4_text",
-    "gemma3n": "gemma3n_text",
-    "gemma4_unified": "gemma4_unified_text",
-    "llama4": "llama4_text",
-    "qwen3_5": "qwen3_5_text",
-    "qwen3_5_moe": "qwen3_5_moe_text",
-}
 _UNSUPPORTED = {
     "deepseek_v4": "its compressed sparse attention keeps a cache that is neither per token "
     "nor fixed (token windows compressed 4x and 128x)",
 }
 
 
-def family(text: Mapping[str, Any]) -> str:
-    """The text model's ``model_type``, with wrapper names mapped to their text config."""
-    model_type = str(text.get("model_type", ""))
-    return _ALIASES.get(model_type, model_type)
+def _family(text: Mapping[str, Any]) -> str:
+    """The text family: ``text_config`` has already mapped wrapper names."""
+    return str(text.get("model_type", ""))
 
 
 def layer_types(text: Mapping[str, Any], num_layers: int, window: int | None) -> list[str]:
     """One transformers layer type per layer, after defaults, forcing and KV sharing."""
-    fam = family(text)
+    fam = _family(text)
     if fam in _UNSUPPORTED:
         raise ConfigError(f"model_type {fam!r} is not supported by kvlib: {_UNSUPPORTED[fam]}")
     declared = text.get("layer_types")
@@ -102,7 +93,7 @@ def _derive(text: Mapping[str, Any], fam: str, num_layers: int, window: int | No
 
 
 def _pattern(text: Mapping[str, Any], num_layers: int) -> list[str]:
-    every = get_optional_int(text, "sliding_window_pattern") or _PATTERNS[family(text)]
+    every = get_optional_int(text, "sliding_window_pattern") or _PATTERNS[_family(text)]
     return ["sliding_attention" if (i + 1) % every else "full_attention" for i in range(num_layers)]
 
 
@@ -163,7 +154,7 @@ _RULES: dict[str, Callable[[Mapping[str, Any], int], list[str]]] = {
 
 def _shared(text: Mapping[str, Any], types: list[str]) -> list[str]:
     """The last ``num_kv_shared_layers`` layers reuse earlier caches (Gemma 3n, Gemma 4)."""
-    default = 15 if family(text) == "gemma3n_text" else 0  # Gemma3nTextConfig's default
+    default = 15 if _family(text) == "gemma3n_text" else 0  # Gemma3nTextConfig's default
     shared = get_optional_int(text, "num_kv_shared_layers", minimum=0)
     shared = default if shared is None else shared
     if shared > len(types):

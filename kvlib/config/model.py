@@ -1,9 +1,10 @@
-"""Model architecture from a Hugging Face ``config.json``: the fields that size a KV cache.
+"""A model's architecture from a Hugging Face ``config.json``: :class:`ModelConfig`.
 
-``load_config`` accepts a path, a dict or the name of a bundled config and
-returns a frozen :class:`ModelConfig`. Missing fields take the defaults that
-``transformers`` gives them; contradictory or missing required fields raise
-:class:`ConfigError` naming the field and what was expected.
+``load_config`` accepts a path, a folder, a dict or the name of a bundled config
+and returns a frozen :class:`ModelConfig` whose ``layers`` are cache specs
+(:mod:`kvlib.specs`). Missing fields take the defaults that ``transformers``
+gives them; contradictory or missing required fields raise :class:`ConfigError`
+naming the field and what was expected.
 """
 
 from __future__ import annotations
@@ -15,22 +16,32 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kvlib import _layer_types, _layers
-from kvlib._fields import ConfigError, get_bool, get_int, get_optional_int, text_config
-from kvlib._layers import LayerKind, LayerSpec
+from kvlib.config.fields import ConfigError, get_bool, get_optional_int, text_config
+from kvlib.config.layer_types import layer_types
+from kvlib.config.layers import MLADims, attention_heads, layer_specs, sliding_window
+from kvlib.config.parts import (
+    Layout,
+    MLAConfig,
+    MoEConfig,
+    QuantizationConfig,
+    VisionTower,
+    layout_from,
+    mla_from,
+    moe_from,
+    quantization_from,
+    vision_from,
+)
+from kvlib.specs import CacheSpec
 
 __all__ = [
-    "ConfigError",
-    "LayerKind",
-    "LayerSpec",
-    "MLAConfig",
     "ModelConfig",
     "bundled_config_path",
     "bundled_models",
+    "from_dict",
     "load_config",
 ]
 
-_DATA_DIR = Path(__file__).parent / "data" / "configs"
+_DATA_DIR = Path(__file__).resolve().parents[1] / "data" / "configs"
 
 # config.json spellings of the checkpoint dtype, to kvlib's short names.
 _DTYPE_NAMES = {
@@ -43,40 +54,13 @@ _DTYPE_NAMES = {
 
 
 @dataclass(frozen=True)
-class MLAConfig:
-    """Multi-head Latent Attention dimensions (DeepSeek-V2/V3, Kimi K2).
-
-    vLLM, SGLang and transformers 5 cache one latent vector of
-    ``kv_lora_rank + qk_rope_head_dim`` elements per token per layer; transformers
-    4.x cached the decompressed per-head keys (``qk_nope_head_dim +
-    qk_rope_head_dim``) and values (``v_head_dim``) instead, 71x more for DeepSeek-V3.
-    """
-
-    kv_lora_rank: int
-    qk_rope_head_dim: int
-    qk_nope_head_dim: int
-    v_head_dim: int
-    q_lora_rank: int | None
-
-    @property
-    def latent_dim(self) -> int:
-        """Elements vLLM caches per token per layer: ``kv_lora_rank + qk_rope_head_dim``."""
-        return self.kv_lora_rank + self.qk_rope_head_dim
-
-    @property
-    def qk_head_dim(self) -> int:
-        """Per-head key width after decompression: ``qk_nope_head_dim + qk_rope_head_dim``."""
-        return self.qk_nope_head_dim + self.qk_rope_head_dim
-
-
-@dataclass(frozen=True)
 class ModelConfig:
     """The architecture fields of one decoder model, normalised across families.
 
-    ``layers[i]`` is the cache shape of layer ``i`` (:class:`LayerSpec`);
-    ``num_key_value_heads`` and ``head_dim`` are those of the first layer of
-    standard attention. ``raw`` is the (text) config as read, with
-    transformers' defaults filled in, for fields only some families have.
+    ``layers[i]`` is the cache spec of layer ``i``. ``num_key_value_heads`` and
+    ``head_dim`` are the attention shape of the config (for MLA, the query/key
+    head width ``qk_nope + qk_rope``). ``raw`` is the text config as read, with
+    transformers' defaults filled in, kept for display only.
     """
 
     name: str
@@ -86,29 +70,36 @@ class ModelConfig:
     num_key_value_heads: int
     head_dim: int
     hidden_size: int
-    layers: tuple[LayerSpec, ...]
+    layers: tuple[CacheSpec, ...]
     sliding_window: int | None
     mla: MLAConfig | None
+    moe: MoEConfig | None
+    layout: Layout
+    vision: VisionTower | None
+    quantization: QuantizationConfig | None
     vocab_size: int | None
     intermediate_size: int
     tie_word_embeddings: bool
     dtype: str | None
+    max_position_embeddings: int | None
     raw: Mapping[str, Any] = field(repr=False, compare=False)
 
     @property
-    def layer_kinds(self) -> tuple[LayerKind, ...]:
-        """The attention kind of every layer, in order."""
+    def layer_kinds(self) -> tuple[str, ...]:
+        """The cache kind of every layer, in order (for display and counting)."""
         return tuple(layer.kind for layer in self.layers)
 
     @property
     def num_sliding_layers(self) -> int:
-        """How many layers use a sliding window."""
-        return self.layer_kinds.count("sliding")
+        """How many layers keep a window of recent tokens only."""
+        return sum(layer.cap_tokens is not None for layer in self.layers)
 
     @property
     def num_full_layers(self) -> int:
-        """How many layers keep every token (full attention or MLA)."""
-        return sum(kind in ("full", "mla") for kind in self.layer_kinds)
+        """How many layers keep every token (full attention or an MLA latent)."""
+        return sum(
+            layer.cap_tokens is None and layer.bytes_per_token("bf16") > 0 for layer in self.layers
+        )
 
     @property
     def attention_type(self) -> str:
@@ -137,7 +128,8 @@ def bundled_config_path(name: str) -> Path:
 
 
 def load_config(source: str | os.PathLike[str] | Mapping[str, Any]) -> ModelConfig:
-    """Read a config from a ``config.json`` path, a dict, or a bundled model name."""
+    """Read a config from a ``config.json`` path, a folder holding one, a dict, or a
+    bundled model name."""
     if isinstance(source, Mapping):
         return from_dict(source, name=str(source.get("_name_or_path", "custom")))
     path = Path(source)
@@ -169,42 +161,36 @@ def from_dict(data: Mapping[str, Any], *, name: str = "custom") -> ModelConfig:
     if not isinstance(data, Mapping):
         raise ConfigError(f"a config must be a JSON object, got {type(data).__name__}")
     text = text_config(data)
-    mla = _mla(text)
+    mla = mla_from(text)
     # An MLA head's query/key width is qk_nope + qk_rope, whatever hidden/heads gives.
-    heads = _layers.attention_heads({**text, "head_dim": mla.qk_head_dim} if mla else text)
-    window = _layers.sliding_window(text)
-    types = _layer_types.layer_types(text, heads.num_layers, window)
-    layers = _layers.layer_specs(text, types, heads, mla)
-    model_type = text.get("model_type", data.get("model_type", "unknown"))
+    heads = attention_heads({**text, "head_dim": mla.qk_head_dim} if mla else text)
+    types = layer_types(text, heads.num_layers, sliding_window(text))
+    dims = None
+    if mla is not None:
+        dims = MLADims(mla.kv_lora_rank, mla.qk_rope_head_dim, mla.qk_nope_head_dim, mla.v_head_dim)
+    layers = layer_specs(text, types, heads, dims)
+    windows = {layer.cap_tokens + 1 for layer in layers if layer.cap_tokens is not None}
     return ModelConfig(
         name=name,
-        model_type=str(model_type),
+        model_type=str(text.get("model_type", data.get("model_type", "unknown"))),
         num_hidden_layers=heads.num_layers,
         num_attention_heads=heads.num_heads,
         num_key_value_heads=heads.num_kv_heads,
         head_dim=heads.head_dim,
         hidden_size=heads.hidden_size,
         layers=layers,
-        sliding_window=window if any(layer.kind == "sliding" for layer in layers) else None,
+        sliding_window=max(windows) if windows else None,
         mla=mla,
+        moe=moe_from(text, heads.num_layers),
+        layout=layout_from(text),
+        vision=vision_from(data),
+        quantization=quantization_from(data) or quantization_from(text),
         vocab_size=get_optional_int(text, "vocab_size"),
         intermediate_size=_intermediate_size(text, heads.hidden_size),
         tie_word_embeddings=_tied(data, text),
         dtype=_dtype(data, text),
+        max_position_embeddings=_max_positions(text),
         raw=text,
-    )
-
-
-def _mla(text: Mapping[str, Any]) -> MLAConfig | None:
-    """MLA is recognised from its fields, whatever ``model_type`` says."""
-    if text.get("kv_lora_rank") is None:
-        return None
-    return MLAConfig(
-        kv_lora_rank=get_int(text, "kv_lora_rank"),
-        qk_rope_head_dim=get_int(text, "qk_rope_head_dim"),
-        qk_nope_head_dim=get_int(text, "qk_nope_head_dim"),
-        v_head_dim=get_int(text, "v_head_dim"),
-        q_lora_rank=get_optional_int(text, "q_lora_rank"),
     )
 
 
@@ -215,6 +201,16 @@ def _intermediate_size(text: Mapping[str, Any], hidden_size: int) -> int:
         if value is not None:
             return value
     return 4 * hidden_size
+
+
+def _max_positions(text: Mapping[str, Any]) -> int | None:
+    """The context the model was trained for (``max_position_embeddings``, GPT-2's
+    ``n_positions``), or None when the file gives neither."""
+    for key in ("max_position_embeddings", "n_positions", "max_sequence_length"):
+        value = get_optional_int(text, key)
+        if value is not None:
+            return value
+    return None
 
 
 def _tied(data: Mapping[str, Any], text: Mapping[str, Any]) -> bool:
@@ -228,6 +224,7 @@ def _tied(data: Mapping[str, Any], text: Mapping[str, Any]) -> bool:
 
 
 def _dtype(data: Mapping[str, Any], text: Mapping[str, Any]) -> str | None:
+    """``torch_dtype`` (or ``dtype``): the precision the unquantized tensors ship in."""
     for source in (text, data):
         for key in ("dtype", "torch_dtype"):
             value = source.get(key)

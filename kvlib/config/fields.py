@@ -1,4 +1,10 @@
-"""Typed reads of ``config.json`` fields, each failure naming the field and the fix."""
+"""Typed reads of ``config.json`` fields, each failure naming the field and the fix.
+
+Also the one table of model families: :func:`family` maps a ``model_type`` to
+the text model's config type (a multimodal wrapper such as ``gemma3`` to
+``gemma3_text``), and every rule keyed by family (defaults, layer types,
+parameter layout) looks the family up through it.
+"""
 
 from __future__ import annotations
 
@@ -8,7 +14,18 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-_DEFAULTS_PATH = Path(__file__).parent / "data" / "config_defaults.json"
+__all__ = [
+    "ConfigError",
+    "family",
+    "first_int",
+    "get_bool",
+    "get_int",
+    "get_optional_int",
+    "require_first_int",
+    "text_config",
+]
+
+_DEFAULTS_PATH = Path(__file__).resolve().parents[1] / "data" / "config_defaults.json"
 
 # Multimodal wrappers keep the language model's fields under one of these keys.
 _TEXT_KEYS = ("text_config", "llm_config", "language_config")
@@ -24,6 +41,18 @@ def _defaults() -> Mapping[str, Any]:
     return loaded
 
 
+def family(model_type: str | None) -> str:
+    """The text model's ``model_type`` for any spelling of a family.
+
+    A multimodal wrapper (``gemma3``, ``llama4``, ``qwen3_5``...) maps to its
+    text config type, as transformers' ``sub_configs["text_config"]`` names it
+    (extracted into ``config_defaults.json``); anything else is itself.
+    """
+    name = model_type or ""
+    mapped: str = _defaults()["text_model_type"].get(name, name)
+    return mapped
+
+
 def text_config(data: Mapping[str, Any]) -> Mapping[str, Any]:
     """The language model's fields, with transformers' defaults for those the file omits.
 
@@ -31,6 +60,8 @@ def text_config(data: Mapping[str, Any]) -> Mapping[str, Any]:
     field absent from the file takes the default of its transformers config
     class (``kvlib/data/config_defaults.json``, extracted from the pinned
     release): a Gemma 3 ``text_config`` often has no ``num_attention_heads``.
+    The ``model_type`` of the result is the text family (:func:`family`), for a
+    nested text config and for a flat file that names the wrapper alike.
     """
     text = data
     for key in _TEXT_KEYS:
@@ -41,12 +72,10 @@ def text_config(data: Mapping[str, Any]) -> Mapping[str, Any]:
             raise ConfigError(f"field {key!r} must be an object, got {type(nested).__name__}")
         text = nested
         break
-    outer_type = _model_type(data)
-    model_type = _model_type(text)
-    if text is not data and model_type is None and outer_type is not None:
-        model_type = _defaults()["text_model_type"].get(outer_type, outer_type)
+    model_type = _model_type(text) or (_model_type(data) if text is not data else None)
     if model_type is None:
         return text
+    model_type = family(model_type)
     defaults = _defaults()["models"].get(model_type, {})
     return {**defaults, **text, "model_type": model_type}
 

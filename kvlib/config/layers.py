@@ -1,15 +1,12 @@
-"""Head counts and the attention kind of every layer, as transformers derives them."""
+"""Head counts and the cache spec of every layer, as transformers derives them."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any
 
-if TYPE_CHECKING:
-    from kvlib.config import MLAConfig
-
-from kvlib._fields import (
+from kvlib.config.fields import (
     ConfigError,
     first_int,
     get_bool,
@@ -17,35 +14,22 @@ from kvlib._fields import (
     get_optional_int,
     require_first_int,
 )
+from kvlib.specs import (
+    CacheSpec,
+    ChunkedLocal,
+    FullAttention,
+    LinearState,
+    MLALatent,
+    SharedKV,
+    SlidingWindow,
+)
 
-LayerKind = Literal["full", "sliding", "chunked", "mla", "linear", "shared"]
+__all__ = ["Heads", "MLADims", "attention_heads", "layer_specs", "sliding_window"]
 
 _LAYERS = ("num_hidden_layers", "n_layer", "n_layers", "num_layers")
 _HEADS = ("num_attention_heads", "n_head", "n_heads", "num_heads")
 _HIDDEN = ("hidden_size", "n_embd", "d_model")
 _KV_HEADS = ("num_key_value_heads", "num_kv_heads", "n_head_kv")
-
-
-@dataclass(frozen=True)
-class LayerSpec:
-    """What one layer caches.
-
-    ``kind``: ``"full"`` keeps K and V of every token; ``"sliding"`` and
-    ``"chunked"`` keep at most ``window - 1`` past tokens (transformers caches
-    a Llama 4 chunk like a window); ``"mla"`` one latent per token plus
-    ``indexer_dim`` indexer-key elements (DeepSeek-V3.2); ``"linear"`` a
-    fixed state of ``conv_state_elements`` (cache dtype) and
-    ``recurrent_state_elements`` (fp32) whatever the context; ``"shared"``
-    nothing, since it reads another layer's cache.
-    """
-
-    kind: LayerKind
-    num_key_value_heads: int
-    head_dim: int
-    window: int | None = None
-    indexer_dim: int = 0
-    conv_state_elements: int = 0
-    recurrent_state_elements: int = 0
 
 
 @dataclass(frozen=True)
@@ -119,35 +103,58 @@ def sliding_window(text: Mapping[str, Any]) -> int | None:
             "keep one of them"
         )
     chosen = window if window is not None else other
+    if chosen == 1:
+        raise ConfigError(
+            "'sliding_window' is 1: a window holds the current token and those before it; "
+            "set the window in tokens (e.g. 4096), or null for full attention"
+        )
     if chosen and text.get("use_bidirectional_attention") in (True, "all"):
         # Gemma3TextConfig and Gemma4TextConfig halve a bidirectional window: W // 2 + 1.
         chosen = chosen // 2 + 1
     return chosen or None
 
 
+@dataclass(frozen=True)
+class MLADims:
+    """The MLA widths a cache spec needs (from ``kv_lora_rank`` and friends)."""
+
+    kv_lora_rank: int
+    qk_rope_head_dim: int
+    qk_nope_head_dim: int
+    v_head_dim: int
+
+
 def layer_specs(
-    text: Mapping[str, Any], types: list[str], heads: Heads, mla: MLAConfig | None
-) -> tuple[LayerSpec, ...]:
-    """One :class:`LayerSpec` per transformers layer type."""
+    text: Mapping[str, Any], types: list[str], heads: Heads, mla: MLADims | None
+) -> tuple[CacheSpec, ...]:
+    """One cache spec per transformers layer type."""
     window = sliding_window(text)
     overrides = _full_layer_overrides(text, types, heads)
     specs = []
     for index, layer_type in enumerate(types):
         kv_heads, head_dim = overrides.get(index, (heads.num_kv_heads, heads.head_dim))
-        specs.append(_spec(text, layer_type, kv_heads, head_dim, window, mla))
+        specs.append(
+            _spec(text, layer_type, _Shape(kv_heads, head_dim, heads.num_heads), window, mla)
+        )
     return tuple(specs)
+
+
+@dataclass(frozen=True)
+class _Shape:
+    kv_heads: int
+    head_dim: int
+    num_heads: int
 
 
 def _spec(
     text: Mapping[str, Any],
     layer_type: str,
-    kv_heads: int,
-    head_dim: int,
+    shape: _Shape,
     window: int | None,
-    mla: MLAConfig | None,
-) -> LayerSpec:
+    mla: MLADims | None,
+) -> CacheSpec:
     if layer_type == "dummy":
-        return LayerSpec("shared", kv_heads, head_dim)
+        return SharedKV()
     if layer_type == "linear_attention":
         return _linear(text)
     if layer_type == "sliding_attention":
@@ -156,20 +163,27 @@ def _spec(
                 "'layer_types' lists sliding_attention layers but 'sliding_window' is null "
                 "or disabled: set 'sliding_window' to the window in tokens"
             )
-        return LayerSpec("sliding", kv_heads, head_dim, window)
+        return SlidingWindow(shape.kv_heads, shape.head_dim, window)
     if layer_type == "chunked_attention":
-        chunk = get_optional_int(text, "attention_chunk_size")
+        chunk = get_optional_int(text, "attention_chunk_size", minimum=2)
         if chunk is None:
             raise ConfigError("chunked_attention layers need 'attention_chunk_size' (tokens)")
-        return LayerSpec("chunked", kv_heads, head_dim, chunk)
+        return ChunkedLocal(shape.kv_heads, shape.head_dim, chunk)
     indexer = get_int(text, "index_head_dim") if layer_type == "indexed_attention" else 0
     if mla is not None:
-        return LayerSpec("mla", 1, mla.latent_dim, indexer_dim=indexer)
+        return MLALatent(
+            kv_lora_rank=mla.kv_lora_rank,
+            qk_rope_head_dim=mla.qk_rope_head_dim,
+            num_heads=shape.num_heads,
+            qk_nope_head_dim=mla.qk_nope_head_dim,
+            v_head_dim=mla.v_head_dim,
+            indexer_head_dim=indexer,
+        )
     if indexer:
         raise ConfigError(
             "indexed_attention layers need the MLA fields 'kv_lora_rank' and 'qk_rope_head_dim'"
         )
-    return LayerSpec("full", kv_heads, head_dim)
+    return FullAttention(shape.kv_heads, shape.head_dim)
 
 
 def _full_layer_overrides(
@@ -200,7 +214,7 @@ def _full_layer_overrides(
     return {i: (kv_heads, head_dim) for i, t in enumerate(types) if t == "full_attention"}
 
 
-def _linear(text: Mapping[str, Any]) -> LayerSpec:
+def _linear(text: Mapping[str, Any]) -> LinearState:
     """Fixed state of a linear-attention layer: a short convolution and a recurrent matrix.
 
     Qwen3-Next/Qwen3.5 Gated DeltaNet: conv ``(2 Hk dk + Hv dv) x K``, recurrent
@@ -227,5 +241,5 @@ def _linear(text: Mapping[str, Any]) -> LayerSpec:
     return _linear_spec(conv, value_heads * key_dim * value_dim)
 
 
-def _linear_spec(conv: int, recurrent: int) -> LayerSpec:
-    return LayerSpec("linear", 0, 0, conv_state_elements=conv, recurrent_state_elements=recurrent)
+def _linear_spec(conv: int, recurrent: int) -> LinearState:
+    return LinearState(conv_elements=conv, recurrent_elements=recurrent)

@@ -1,0 +1,237 @@
+"""Typed sub-configs read from ``config.json``: MLA, mixture of experts, the module
+layout flags that parameter counts need, multimodal towers and quantization.
+
+Each is a frozen dataclass built by a ``*_from`` function from the text config
+(with transformers' defaults filled in); nothing downstream reads raw fields.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from kvlib.config.fields import (
+    ConfigError,
+    first_int,
+    get_bool,
+    get_int,
+    get_optional_int,
+)
+
+__all__ = [
+    "Layout",
+    "MLAConfig",
+    "MoEConfig",
+    "QuantizationConfig",
+    "VisionTower",
+    "layout_from",
+    "mla_from",
+    "moe_from",
+    "quantization_from",
+    "vision_from",
+]
+
+
+@dataclass(frozen=True)
+class MLAConfig:
+    """Multi-head Latent Attention dimensions (DeepSeek-V2/V3, Kimi K2).
+
+    vLLM, SGLang and transformers 5 cache one latent vector of
+    ``kv_lora_rank + qk_rope_head_dim`` elements per token per layer; transformers
+    4.x cached the decompressed per-head keys (``qk_nope_head_dim +
+    qk_rope_head_dim``) and values (``v_head_dim``) instead, 71x more for DeepSeek-V3.
+    """
+
+    kv_lora_rank: int
+    qk_rope_head_dim: int
+    qk_nope_head_dim: int
+    v_head_dim: int
+    q_lora_rank: int | None
+
+    @property
+    def latent_dim(self) -> int:
+        """Elements cached per token per layer: ``kv_lora_rank + qk_rope_head_dim``."""
+        return self.kv_lora_rank + self.qk_rope_head_dim
+
+    @property
+    def qk_head_dim(self) -> int:
+        """Per-head key width after decompression: ``qk_nope_head_dim + qk_rope_head_dim``."""
+        return self.qk_nope_head_dim + self.qk_rope_head_dim
+
+
+def mla_from(text: Mapping[str, Any]) -> MLAConfig | None:
+    """MLA is recognised from its fields, whatever ``model_type`` says."""
+    if text.get("kv_lora_rank") is None:
+        return None
+    return MLAConfig(
+        kv_lora_rank=get_int(text, "kv_lora_rank"),
+        qk_rope_head_dim=get_int(text, "qk_rope_head_dim"),
+        qk_nope_head_dim=get_int(text, "qk_nope_head_dim"),
+        v_head_dim=get_int(text, "v_head_dim"),
+        q_lora_rank=get_optional_int(text, "q_lora_rank"),
+    )
+
+
+@dataclass(frozen=True)
+class MoEConfig:
+    """Routed experts: how many, how many a token uses, their width, which layers."""
+
+    num_experts: int
+    experts_per_token: int
+    expert_width: int
+    shared_width: int
+    moe_layers: tuple[bool, ...]
+
+    def is_moe_layer(self, layer: int) -> bool:
+        """Whether layer ``layer`` (0-based) routes its MLP through experts."""
+        return self.moe_layers[layer]
+
+
+_EXPERT_COUNT = ("num_local_experts", "n_routed_experts", "num_experts")
+_EXPERTS_PER_TOKEN = ("num_experts_per_tok", "experts_per_token")
+
+
+def moe_from(text: Mapping[str, Any], num_layers: int) -> MoEConfig | None:
+    """The MoE shape, or None for a dense model.
+
+    Which layers route (DeepseekV3Config: every ``moe_layer_freq``-th layer from
+    ``first_k_dense_replace`` on; Qwen2/3-MoE: every ``decoder_sparse_step``-th,
+    minus ``mlp_only_layers``; others: every layer).
+    """
+    count = None
+    for key in _EXPERT_COUNT:
+        count = get_optional_int(text, key, minimum=0)
+        if count is not None:
+            break
+    if not count:
+        return None
+    active = first_int(text, _EXPERTS_PER_TOKEN)
+    if active is None or active > count:
+        raise ConfigError(
+            f"'num_experts_per_tok' must be between 1 and the {count} experts, got {active}"
+        )
+    width = get_optional_int(text, "moe_intermediate_size") or get_int(text, "intermediate_size")
+    shared = (get_optional_int(text, "n_shared_experts", minimum=0) or 0) * width
+    shared += get_optional_int(text, "shared_expert_intermediate_size", minimum=0) or 0
+    return MoEConfig(count, active, width, shared, _moe_layers(text, num_layers))
+
+
+def _moe_layers(text: Mapping[str, Any], num_layers: int) -> tuple[bool, ...]:
+    first = get_optional_int(text, "first_k_dense_replace", minimum=0) or 0
+    every = get_optional_int(text, "moe_layer_freq") or 1
+    step = get_optional_int(text, "decoder_sparse_step") or 1
+    dense_only = text.get("mlp_only_layers") or []
+    if not isinstance(dense_only, list) or not all(isinstance(i, int) for i in dense_only):
+        raise ConfigError("'mlp_only_layers' must list layer numbers (0-based)")
+    return tuple(
+        i >= first and i % every == 0 and (i + 1) % step == 0 and i not in dense_only
+        for i in range(num_layers)
+    )
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Module-layout flags that change a parameter count, not the cache."""
+
+    attention_bias: bool  # q, k, v and o projections carry biases
+    mlp_bias: bool
+    bias: bool  # Falcon's single switch for every linear bias
+    parallel_attn: bool  # Falcon-7B: attention and MLP share one input LayerNorm
+    new_decoder_architecture: bool  # Falcon-40B and later
+    qk_layernorm: bool  # Phi: LayerNorm on queries and keys
+    learned_positions: int  # GPT-2's n_positions position-embedding rows
+
+
+def layout_from(text: Mapping[str, Any]) -> Layout:
+    """The flags above, with transformers' defaults where the file omits them."""
+    positions = get_optional_int(text, "n_positions") if text.get("model_type") == "gpt2" else 0
+    return Layout(
+        attention_bias=get_bool(text, "attention_bias"),
+        mlp_bias=get_bool(text, "mlp_bias"),
+        bias=get_bool(text, "bias"),
+        parallel_attn=get_bool(text, "parallel_attn", default=True),
+        new_decoder_architecture=get_bool(text, "new_decoder_architecture"),
+        qk_layernorm=get_bool(text, "qk_layernorm"),
+        learned_positions=positions or 0,
+    )
+
+
+@dataclass(frozen=True)
+class VisionTower:
+    """A vision encoder a multimodal checkpoint ships beside its language model."""
+
+    model_type: str
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    num_channels: int
+    image_size: int
+    patch_size: int
+    vision_use_head: bool
+
+
+def vision_from(data: Mapping[str, Any]) -> VisionTower | None:
+    """The ``vision_config`` of a multimodal wrapper, or None for a text-only model."""
+    vision = data.get("vision_config")
+    if vision is None:
+        return None
+    if not isinstance(vision, Mapping):
+        raise ConfigError("field 'vision_config' must be an object")
+    return VisionTower(
+        model_type=str(vision.get("model_type", "unknown")),
+        hidden_size=get_int(vision, "hidden_size", default=768),
+        intermediate_size=get_int(vision, "intermediate_size", default=3072),
+        num_hidden_layers=get_int(vision, "num_hidden_layers", default=12),
+        num_channels=get_int(vision, "num_channels", default=3),
+        image_size=get_int(vision, "image_size", default=224),
+        patch_size=get_int(vision, "patch_size", default=16),
+        vision_use_head=get_bool(vision, "vision_use_head", default=True),
+    )
+
+
+@dataclass(frozen=True)
+class QuantizationConfig:
+    """How a checkpoint's weights are stored (``quantization_config``).
+
+    ``method`` is ``quant_method`` (``"fp8"``, ``"mxfp4"``, ``"gptq"``, ``"awq"``,
+    ...). ``block_shape`` is fp8's ``weight_block_size`` (one fp32 scale per
+    block); ``group_size`` and ``bits`` are those of integer formats;
+    ``modules_to_not_convert`` lists module-name patterns kept unquantized.
+    """
+
+    method: str
+    bits: int | None
+    group_size: int | None
+    block_shape: tuple[int, int] | None
+    modules_to_not_convert: tuple[str, ...]
+
+
+def quantization_from(data: Mapping[str, Any]) -> QuantizationConfig | None:
+    """The checkpoint's ``quantization_config`` (outer or text config), or None."""
+    raw = data.get("quantization_config")
+    if raw is None:
+        return None
+    if not isinstance(raw, Mapping) or not isinstance(raw.get("quant_method"), str):
+        raise ConfigError(
+            "field 'quantization_config' must be an object with a 'quant_method' string"
+        )
+    block = raw.get("weight_block_size")
+    if block is not None and (
+        not isinstance(block, list)
+        or len(block) != 2
+        or not all(isinstance(b, int) and not isinstance(b, bool) and b > 0 for b in block)
+    ):
+        raise ConfigError(
+            "'quantization_config.weight_block_size' must be two positive integers, e.g. [128, 128]"
+        )
+    skip = raw.get("modules_to_not_convert") or raw.get("ignored_layers") or []
+    if not isinstance(skip, list) or not all(isinstance(m, str) for m in skip):
+        raise ConfigError("'quantization_config.modules_to_not_convert' must list module names")
+    return QuantizationConfig(
+        method=str(raw["quant_method"]).lower(),
+        bits=get_optional_int(raw, "bits"),
+        group_size=get_optional_int(raw, "group_size", minimum=-1),
+        block_shape=(block[0], block[1]) if block else None,
+        modules_to_not_convert=tuple(skip),
+    )
