@@ -10,6 +10,23 @@ from __future__ import annotations
 
 import re
 
+__all__ = [
+    "BINARY_UNITS",
+    "DECIMAL_UNITS",
+    "GB",
+    "GiB",
+    "KB",
+    "KiB",
+    "MB",
+    "MiB",
+    "TB",
+    "TiB",
+    "format_bytes",
+    "format_flops",
+    "format_rate",
+    "parse_bytes",
+]
+
 KiB = 1024
 MiB = 1024**2
 GiB = 1024**3

@@ -12,7 +12,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from kvlib import sizing
+from kvlib import params, sizing
 from kvlib.config import ConfigError, bundled_models, load_config
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -210,9 +210,32 @@ _KEYS = list(LLAMA_8B) + [
     "full_attention_interval",
     "index_head_dim",
     "linear_num_value_heads",
+    "quantization_config",
+    "num_local_experts",
+    "n_routed_experts",
+    "num_experts_per_tok",
+    "moe_intermediate_size",
+    "first_k_dense_replace",
+    "mlp_only_layers",
+    "decoder_sparse_step",
+    "vision_config",
+    "tie_word_embeddings",
 ]
-_FAMILIES = ["llama", "gemma2", "gemma3", "gemma3n_text", "gemma4_text", "llama4_text",
-             "qwen2", "qwen3_next", "kimi_linear", "deepseek_v32", "falcon", "gpt2", "phi3"]
+_FAMILIES = [
+    "llama",
+    "gemma2",
+    "gemma3",
+    "gemma3n_text",
+    "gemma4_text",
+    "llama4_text",
+    "qwen2",
+    "qwen3_next",
+    "kimi_linear",
+    "deepseek_v32",
+    "falcon",
+    "gpt2",
+    "phi3",
+]
 
 
 @settings(max_examples=300, suppress_health_check=[HealthCheck.too_slow])
@@ -231,8 +254,15 @@ def test_malformed_configs_raise_only_config_error(
         return
     assert len(cfg.layer_kinds) == cfg.num_hidden_layers
     assert cfg.num_attention_heads % cfg.num_key_value_heads == 0
-    # Whatever parsed must size without error.
+    # Whatever parsed must size without error, and count its weights or say why not.
     assert sizing.kv_bytes(cfg, 4096) >= 0
+    try:
+        count = params.count_params(cfg)
+    except ConfigError:
+        return
+    assert (count.total is None) == bool(count.note)
+    shipped = params.shipped_weights(cfg)
+    assert (shipped.bytes is None) == bool(shipped.note)
 
 
 @pytest.mark.reference
@@ -242,3 +272,70 @@ def test_bundled_transformers_defaults_are_current() -> None:
         [sys.executable, str(script), "--check"], capture_output=True, text=True
     )
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_one_family_table_for_wrapper_names() -> None:
+    """A flat config naming the wrapper family gets the text model's rules and defaults."""
+    flat = load_config({"model_type": "gemma3", "hidden_size": 2560, "num_hidden_layers": 12,
+                        "sliding_window": 1024})  # fmt: skip
+    nested = load_config({"model_type": "gemma3", "text_config": {
+        "hidden_size": 2560, "num_hidden_layers": 12, "sliding_window": 1024}})  # fmt: skip
+    assert flat.model_type == nested.model_type == "gemma3_text"
+    assert flat.layers == nested.layers
+    assert (flat.num_attention_heads, flat.num_key_value_heads, flat.head_dim) == (8, 4, 256)
+
+
+def test_moe_is_a_typed_sub_config() -> None:
+    deepseek = load_config("DeepSeek-V3")
+    assert deepseek.moe is not None
+    assert (deepseek.moe.num_experts, deepseek.moe.experts_per_token) == (256, 8)
+    assert deepseek.moe.shared_width == 2048  # one shared expert of 2048
+    assert [deepseek.moe.is_moe_layer(i) for i in range(4)] == [False, False, False, True]
+    assert load_config("Llama-3.1-8B").moe is None
+    qwen = load_config({**LLAMA_8B, "model_type": "qwen3_moe", "num_experts": 8,
+                        "num_experts_per_tok": 2, "moe_intermediate_size": 64,
+                        "decoder_sparse_step": 2, "mlp_only_layers": [3]})  # fmt: skip
+    assert qwen.moe is not None
+    assert [qwen.moe.is_moe_layer(i) for i in range(6)] == [False, True, False, False,
+                                                             False, True]  # fmt: skip
+
+
+def test_quantization_config_is_read() -> None:
+    deepseek = load_config("DeepSeek-V3").quantization
+    assert deepseek is not None and deepseek.method == "fp8"
+    assert deepseek.block_shape == (128, 128)
+    oss = load_config("gpt-oss-20b").quantization
+    assert oss is not None and oss.method == "mxfp4"
+    assert "lm_head" in oss.modules_to_not_convert
+
+
+@pytest.mark.parametrize(
+    ("quantization", "field"),
+    [
+        ({"bits": 4}, "quant_method"),
+        ({"quant_method": "fp8", "weight_block_size": [128]}, "weight_block_size"),
+        ({"quant_method": "fp8", "modules_to_not_convert": "lm_head"}, "modules_to_not_convert"),
+    ],
+)
+def test_bad_quantization_config_names_the_field(quantization: object, field: str) -> None:
+    with pytest.raises(ConfigError, match=field):
+        load_config({**LLAMA_8B, "quantization_config": quantization})
+
+
+def test_experts_per_token_must_fit_the_experts() -> None:
+    with pytest.raises(ConfigError, match="num_experts_per_tok"):
+        load_config({**LLAMA_8B, "num_local_experts": 4, "num_experts_per_tok": 8})
+
+
+def test_vision_tower_is_read() -> None:
+    cfg = load_config({"model_type": "gemma3", "text_config": {"hidden_size": 256,
+        "num_hidden_layers": 2, "sliding_window": 16},
+        "vision_config": {"model_type": "siglip_vision_model", "hidden_size": 64,
+                          "vision_use_head": False}})  # fmt: skip
+    assert cfg.vision is not None and cfg.vision.model_type == "siglip_vision_model"
+    assert not cfg.vision.vision_use_head and load_config("Llama-3.1-8B").vision is None
+
+
+def test_a_one_token_window_is_refused() -> None:
+    with pytest.raises(ConfigError, match="sliding_window"):
+        load_config({**LLAMA_8B, "model_type": "mistral", "sliding_window": 1})

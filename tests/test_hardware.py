@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from kvlib.hardware import GPUS, get_gpu, gpu_from_torch_name, gpu_names
-from kvlib.units import GiB
+from kvlib.units import GB, GiB, MiB
 
 
 @pytest.mark.parametrize(
@@ -43,9 +43,44 @@ def test_every_row_cites_a_source_and_is_dense() -> None:
             assert ratio == pytest.approx(2, rel=0.03)  # L40S sheet: 362.05 vs 733
 
 
+@pytest.mark.parametrize(
+    ("name", "mib"),
+    [
+        # nvidia-smi memory.total, as the sources in kvlib.hardware record them.
+        ("H100-SXM", 81_559),
+        ("A100-80GB", 81_920),
+        ("A100-40GB", 40_960),
+        ("L4", 23_034),
+        ("L40S", 46_068),
+        ("H200", 143_771),
+        ("B200", 183_359),
+        ("RTX-4090", 24_564),
+    ],
+)
+def test_memory_is_what_the_driver_reports(name: str, mib: int) -> None:
+    spec = get_gpu(name)
+    assert spec.memory_bytes == mib * MiB and spec.driver_reported
+    assert "nvidia-smi" in spec.memory_source
+
+
+def test_driver_memory_differs_from_the_printed_figure() -> None:
+    """An "80 GB" H100 reports 79.6 GiB; a "24 GB" L4 reports 22.5 GiB, 6 % below 24 GiB."""
+    assert get_gpu("H100-SXM").memory_bytes / GiB == pytest.approx(79.65, abs=0.01)
+    assert get_gpu("L4").memory_bytes / GiB == pytest.approx(22.49, abs=0.01)
+    assert get_gpu("L4").datasheet_memory_gb == 24
+
+
+def test_rows_without_a_reading_say_so_and_take_the_lower_figure() -> None:
+    for name in gpu_names():
+        spec = GPUS[name]
+        if not spec.driver_reported:
+            assert spec.memory_bytes == spec.datasheet_memory_gb * GB
+            assert "no driver reading" in spec.memory_source
+
+
 def test_datasheet_figures() -> None:
     h100 = get_gpu("H100-SXM")
-    assert h100.memory_bytes == 80 * GiB
+    assert h100.datasheet_memory_gb == 80
     assert h100.hbm_bandwidth_bytes_per_s == 3.35e12
     assert h100.bf16_dense_flops_per_s == pytest.approx(989.4e12)
     # Roofline ridge: about 295 FLOPs per byte on an H100 SXM.
