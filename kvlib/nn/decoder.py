@@ -1,0 +1,216 @@
+"""A small Llama-style decoder with random weights that reads and writes a paged KV cache.
+
+The serving engine (:mod:`kvlib.engine`) runs it. The architecture is Llama's
+(``LlamaForCausalLM`` in transformers): RMSNorm, grouped-query attention with
+rotary position embeddings (rotate-half, ``theta = 10000``), a SwiGLU MLP, an
+untied LM head; ``tests/test_nn_decoder.py`` loads the same weights into
+transformers' model and checks that both give the same logits. Weights are
+seeded, in float64 by default so that batching many sequences together gives
+the same greedy tokens as running each alone (a float32 matmul may round a
+row differently when the batch changes shape).
+
+A batch is a list of sequences, each bringing its new tokens (a whole prompt
+in prefill, one token in decode) and the cache slots of all its tokens. The
+matrix products run once over all new tokens of the batch (``N = sum n_i``
+rows); attention runs per sequence over its own cached keys and values.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from kvlib.config import ModelConfig
+from kvlib.specs import FullAttention
+
+__all__ = ["PagedKV", "SeqInput", "TinyDecoder", "tiny_config"]
+
+ROPE_THETA = 10_000.0
+RMS_EPS = 1e-5
+
+
+def tiny_config(
+    layers: int = 4,
+    hidden: int = 128,
+    heads: int = 4,
+    kv_heads: int = 2,
+    vocab: int = 512,
+    intermediate: int = 256,
+    max_positions: int = 2048,
+) -> dict[str, Any]:
+    """A Llama ``config.json`` small enough to run a serving workload on a CPU."""
+    return {
+        "model_type": "llama",
+        "num_hidden_layers": layers,
+        "hidden_size": hidden,
+        "num_attention_heads": heads,
+        "num_key_value_heads": kv_heads,
+        "vocab_size": vocab,
+        "intermediate_size": intermediate,
+        "max_position_embeddings": max_positions,
+        "rope_theta": ROPE_THETA,
+        "rms_norm_eps": RMS_EPS,
+        "tie_word_embeddings": False,
+        "_name_or_path": "tiny-llama",
+    }
+
+
+@dataclass(frozen=True)
+class SeqInput:
+    """One sequence in a forward pass: its new tokens and where its tokens live.
+
+    ``start`` tokens are already cached; the new tokens take positions
+    ``start .. start + len(new_tokens) - 1``. ``slots[p]`` is the cache slot of
+    position ``p`` (``block_table[p // B] x B + p % B``) for every position up
+    to the last new one.
+    """
+
+    new_tokens: Sequence[int]
+    start: int
+    slots: Sequence[int]
+
+
+class PagedKV:
+    """Keys and values of every layer, one row per cache slot: ``(blocks x B, H_kv, d)``."""
+
+    def __init__(
+        self, cfg: ModelConfig, num_blocks: int, block_size: int, dtype: torch.dtype
+    ) -> None:
+        slots = num_blocks * block_size
+        shape = (slots, cfg.num_key_value_heads, cfg.head_dim)
+        self.keys = [torch.zeros(shape, dtype=dtype) for _ in range(cfg.num_hidden_layers)]
+        self.values = [torch.zeros(shape, dtype=dtype) for _ in range(cfg.num_hidden_layers)]
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes the cache tensors hold."""
+        return sum(t.nbytes for t in self.keys + self.values)
+
+    def copy_block(self, source: int, destination: int, block_size: int) -> None:
+        """Copy one block's slots (copy-on-write of a shared partial block)."""
+        src = slice(source * block_size, (source + 1) * block_size)
+        dst = slice(destination * block_size, (destination + 1) * block_size)
+        for tensor in self.keys + self.values:
+            tensor[dst] = tensor[src]
+
+
+def _rope(x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    """Rotate-half rotary embedding of ``x`` (N, heads, d) at ``positions`` (N,)."""
+    d = x.shape[-1]
+    inv_freq = 1.0 / (ROPE_THETA ** (torch.arange(0, d, 2, dtype=torch.float64) / d))
+    angles = positions.to(torch.float64)[:, None] * inv_freq[None, :]  # (N, d/2)
+    cos = torch.cat([angles.cos(), angles.cos()], dim=-1).to(x.dtype)[:, None, :]
+    sin = torch.cat([angles.sin(), angles.sin()], dim=-1).to(x.dtype)[:, None, :]
+    half = d // 2
+    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+    return x * cos + rotated * sin
+
+
+class _RMSNorm(nn.Module):
+    def __init__(self, size: int, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(size, dtype=dtype))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        variance = x.pow(2).mean(-1, keepdim=True)
+        return self.weight * (x * torch.rsqrt(variance + RMS_EPS))
+
+
+class _Layer(nn.Module):
+    def __init__(self, cfg: ModelConfig, dtype: torch.dtype) -> None:
+        super().__init__()
+        h, d = cfg.hidden_size, cfg.head_dim
+        self.heads, self.kv_heads, self.head_dim = (
+            cfg.num_attention_heads,
+            cfg.num_key_value_heads,
+            d,
+        )
+        self.q_proj = nn.Linear(h, self.heads * d, bias=False, dtype=dtype)
+        self.k_proj = nn.Linear(h, self.kv_heads * d, bias=False, dtype=dtype)
+        self.v_proj = nn.Linear(h, self.kv_heads * d, bias=False, dtype=dtype)
+        self.o_proj = nn.Linear(self.heads * d, h, bias=False, dtype=dtype)
+        width = cfg.intermediate_size
+        self.gate_proj = nn.Linear(h, width, bias=False, dtype=dtype)
+        self.up_proj = nn.Linear(h, width, bias=False, dtype=dtype)
+        self.down_proj = nn.Linear(width, h, bias=False, dtype=dtype)
+        self.input_layernorm = _RMSNorm(h, dtype)
+        self.post_attention_layernorm = _RMSNorm(h, dtype)
+
+    def forward(
+        self, x: torch.Tensor, positions: torch.Tensor, batch: Sequence[SeqInput],
+        keys: torch.Tensor, values: torch.Tensor,
+    ) -> torch.Tensor:  # fmt: skip
+        n = x.shape[0]
+        normed = self.input_layernorm(x)
+        q = _rope(self.q_proj(normed).view(n, self.heads, self.head_dim), positions)  # (N, H, d)
+        k = _rope(self.k_proj(normed).view(n, self.kv_heads, self.head_dim), positions)
+        v = self.v_proj(normed).view(n, self.kv_heads, self.head_dim)  # (N, H_kv, d)
+        out = torch.empty_like(q)
+        row = 0
+        for seq in batch:
+            new = len(seq.new_tokens)
+            write = torch.tensor(seq.slots[seq.start : seq.start + new])
+            keys[write], values[write] = k[row : row + new], v[row : row + new]
+            read = torch.tensor(seq.slots[: seq.start + new])
+            out[row : row + new] = self._attend(q[row : row + new], keys[read], values[read], seq)
+            row += new
+        x = x + self.o_proj(out.reshape(n, -1))
+        normed = self.post_attention_layernorm(x)
+        gated = nn.functional.silu(self.gate_proj(normed)) * self.up_proj(normed)
+        result: torch.Tensor = x + self.down_proj(gated)
+        return result
+
+    def _attend(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seq: SeqInput
+    ) -> torch.Tensor:
+        """Causal attention of ``q`` (n, H, d) over the sequence's ``k``, ``v`` (T, H_kv, d)."""
+        groups = self.heads // self.kv_heads
+        k = k.repeat_interleave(groups, dim=1).transpose(0, 1)  # (H, T, d)
+        v = v.repeat_interleave(groups, dim=1).transpose(0, 1)
+        total, new = k.shape[1], q.shape[0]
+        # Query j sits at position start + j and sees keys 0 .. start + j.
+        mask = torch.ones(new, total, dtype=torch.bool).tril(diagonal=total - new)
+        out = nn.functional.scaled_dot_product_attention(q.transpose(0, 1), k, v, attn_mask=mask)
+        return out.transpose(0, 1)  # (n, H, d)
+
+
+class TinyDecoder(nn.Module):
+    """A random-weight Llama-style decoder for a config of full-attention layers."""
+
+    def __init__(self, cfg: ModelConfig, seed: int = 0, dtype: torch.dtype = torch.float64):
+        super().__init__()
+        if cfg.mla is not None or not all(isinstance(s, FullAttention) for s in cfg.layers):
+            raise ValueError(
+                f"{cfg.name}: the tiny decoder runs full-attention (Llama-style) layers only"
+            )
+        if cfg.vocab_size is None:
+            raise ValueError(f"{cfg.name}: the tiny decoder needs 'vocab_size'")
+        self.cfg, self.dtype = cfg, dtype
+        generator = torch.Generator().manual_seed(seed)
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size, dtype=dtype)
+        self.layers = nn.ModuleList(_Layer(cfg, dtype) for _ in range(cfg.num_hidden_layers))
+        self.norm = _RMSNorm(cfg.hidden_size, dtype)
+        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False, dtype=dtype)
+        with torch.no_grad():
+            for name, p in self.named_parameters():
+                if "norm" not in name:
+                    p.copy_(torch.randn(p.shape, generator=generator, dtype=dtype) * 0.05)
+        self.eval()
+
+    @torch.no_grad()
+    def forward_batch(self, batch: Sequence[SeqInput], kv: PagedKV) -> torch.Tensor:
+        """Write the new tokens' keys and values; return each sequence's last-token logits."""
+        tokens = torch.tensor([t for seq in batch for t in seq.new_tokens])
+        positions = torch.tensor(
+            [seq.start + j for seq in batch for j in range(len(seq.new_tokens))]
+        )
+        x = self.embed_tokens(tokens)  # (N, h)
+        for layer, keys, values in zip(self.layers, kv.keys, kv.values, strict=True):
+            x = layer(x, positions, batch, keys, values)
+        ends = torch.tensor([len(seq.new_tokens) for seq in batch]).cumsum(0) - 1
+        logits: torch.Tensor = self.lm_head(self.norm(x[ends]))  # (sequences, vocab)
+        return logits

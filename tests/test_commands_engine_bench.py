@@ -1,0 +1,36 @@
+"""kvlib engine-bench: the report's fields, its equivalence check, one-line errors."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from kvlib.cli import main
+
+
+def test_small_workload_report(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["engine-bench", "--requests", "6", "--num-blocks", "24",
+                 "--max-batch-size", "3", "--json"]) == 0  # fmt: skip
+    report = json.loads(capsys.readouterr().out)
+    assert report["outputs_match_single"] is True
+    assert report["device"].startswith("cpu")
+    for policy in ("static", "continuous"):
+        figures = report[policy]
+        assert figures["policy"] == policy
+        assert figures["tokens_per_s"] == pytest.approx(
+            figures["generated_tokens"] / figures["wall_s"]
+        )
+        assert figures["ttft_p50_s"] <= figures["ttft_p95_s"] <= figures["ttft_p99_s"]
+    assert report["static"]["generated_tokens"] == report["continuous"]["generated_tokens"]
+    assert report["continuous_over_static"] == pytest.approx(
+        report["continuous"]["tokens_per_s"] / report["static"]["tokens_per_s"]
+    )
+
+
+@pytest.mark.parametrize("flag", ["--requests", "--max-batch-size", "--num-blocks",
+                                  "--block-size"])  # fmt: skip
+def test_bad_flags_are_one_line(flag: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["engine-bench", flag, "0"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and flag in err[0]
