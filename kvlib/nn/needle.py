@@ -1,0 +1,263 @@
+"""Needle in a haystack over an fp8 KV cache: retrieval recall against context length.
+
+A synthetic reproduction of a failure reported for real deployments: static KV
+scales calibrated on unrepresentative data pass short tests and break
+retrieval at long context. One attention head, no model:
+
+- Keys have ``head_dim`` channels, ``massive_channels`` of which spread
+  ``massive_std`` times wider than the rest (key outlier channels, the reason
+  KIVI and KVQuant quantize keys per channel). Values are standard normal.
+- The needle's key sits at ``needle_sigmas`` standard deviations on every
+  massive channel, with the signs of the query, which reads those channels
+  only (``q = query_norm / massive_std * signs / sqrt(m)``); attention is
+  ``softmax(q K^T / sqrt(d)) V``.
+- Recall: the attention output is closer (by dot product) to the needle's
+  value than to any other value of the context.
+- K and V are stored in fp8 e4m3 (:mod:`kvlib.nn.quant_fp8`) with static
+  per-tensor scales (vLLM's ``k_scale`` / ``v_scale``) or per-token scales.
+
+Why a bad scale fails more as the context grows: a static scale too small for
+the keys (vLLM's default 1.0, or one calibrated on unrepresentative data)
+saturates the largest keys. The needle's massive channels
+saturate to ``448 * s`` and so does every distractor whose massive channels
+all pass ``432 * s`` (the midpoint below 448, where rounding already lands on
+448). Those distractors score exactly as the needle does; their number grows
+with the context, ``N ~ Binomial(T - 1, p)`` with ``p = P(z > 432 s / sigma)^m``,
+and a fair tie-break finds the needle with probability ``E[1 / (1 + N)] =
+(1 - (1 - p)^T) / (T p)`` (:func:`tie_recall_bound`), an upper bound on recall.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import torch
+
+from kvlib.nn.quant_fp8 import FP8_MAX, quantize_fp8
+
+__all__ = [
+    "Calibration",
+    "Head",
+    "RecallCurve",
+    "calibrate",
+    "recall_curves",
+    "recall_table",
+    "tie_recall_bound",
+]
+
+# The largest e4m3 value below 448 is 416; from their midpoint up, rounding gives 448.
+_SATURATES_FROM = 432.0
+
+
+@dataclass(frozen=True)
+class Head:
+    """The synthetic attention head: key statistics, the needle and the query's strength.
+
+    Keys are in the units the cache stores (a static scale of 1.0 means no
+    scaling): ordinary channels N(0, 1), the ``massive_channels`` first ones
+    N(0, massive_std^2). The query is ``query_norm / massive_std`` long, so
+    the logits ``q k / sqrt(d)`` do not depend on the key units: a haystack
+    token's logit has standard deviation ``query_norm / sqrt(head_dim)``, the
+    needle's is ``query_norm * needle_sigmas * sqrt(m) / sqrt(head_dim)``.
+    """
+
+    head_dim: int = 128
+    massive_channels: int = 2
+    massive_std: float = 200.0
+    needle_sigmas: float = 5.0
+    query_norm: float = 32.0
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.massive_channels < self.head_dim:
+            raise ValueError(
+                f"massive_channels must be in [1, head_dim={self.head_dim}), "
+                f"got {self.massive_channels}"
+            )
+        for name in ("massive_std", "needle_sigmas", "query_norm"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name} must be positive, got {getattr(self, name)!r}")
+
+    def keys(self, tokens: int, generator: torch.Generator) -> torch.Tensor:
+        """Haystack keys, (tokens, head_dim)."""
+        k = torch.randn(tokens, self.head_dim, generator=generator)
+        k[:, : self.massive_channels] *= self.massive_std
+        return k
+
+    def values(self, tokens: int, generator: torch.Generator) -> torch.Tensor:
+        """Values, (tokens, head_dim), N(0, 1): no massive channels."""
+        return torch.randn(tokens, self.head_dim, generator=generator)
+
+    def needle_keys(self, signs: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+        """One needle key per row of ``signs`` (n, m): a haystack key moved onto the query."""
+        k = self.keys(signs.shape[0], generator)
+        k[:, : self.massive_channels] = self.needle_sigmas * self.massive_std * signs
+        return k
+
+    def queries(self, signs: torch.Tensor) -> torch.Tensor:
+        """Queries reading the massive channels only, with the needle's signs: (n, head_dim)."""
+        q = torch.zeros(signs.shape[0], self.head_dim)
+        length = self.query_norm / self.massive_std
+        q[:, : self.massive_channels] = length * signs / math.sqrt(self.massive_channels)
+        return q
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """How K and V are stored: fp8 with static per-tensor scales, per-token scales, or not at all.
+
+    ``k_scale`` / ``v_scale``: static scales (``max|x| / 448`` of the calibration
+    data); ``per_token=True``: scales computed from each token as it is written;
+    neither: the cache stays in float32 (the reference).
+    """
+
+    name: str
+    k_scale: float | None = None
+    v_scale: float | None = None
+    per_token: bool = False
+
+    def __post_init__(self) -> None:
+        static = (self.k_scale is not None, self.v_scale is not None)
+        if static[0] != static[1]:
+            raise ValueError(f"{self.name}: give both k_scale and v_scale, or neither")
+        if self.per_token and static[0]:
+            raise ValueError(f"{self.name}: per_token scales are computed, not given")
+
+    def store(self, x: torch.Tensor, scale: float | None) -> torch.Tensor:
+        """``x`` as the cache holds it, read back to float32."""
+        if self.per_token:
+            return quantize_fp8(x, granularity="token").dequantize()
+        if scale is None:
+            return x
+        return quantize_fp8(x, scale=scale).dequantize()
+
+
+def calibrate(name: str, keys: torch.Tensor, values: torch.Tensor) -> Calibration:
+    """Static per-tensor scales from calibration data: ``max|x| / 448`` for K and for V."""
+    return Calibration(
+        name,
+        k_scale=float(keys.abs().max()) / FP8_MAX,
+        v_scale=float(values.abs().max()) / FP8_MAX,
+    )
+
+
+@dataclass(frozen=True)
+class RecallCurve:
+    """Fraction of needles retrieved at each context length, over ``trials`` needles each."""
+
+    name: str
+    contexts: tuple[int, ...]
+    recall: tuple[float, ...]
+    trials: int
+
+
+def recall_curves(
+    contexts: Sequence[int],
+    calibrations: Sequence[Calibration],
+    *,
+    head: Head | None = None,
+    haystacks: int = 8,
+    needles: int = 32,
+    seed: int = 0,
+) -> dict[str, RecallCurve]:
+    """Recall of each calibration at each context, on the same seeded haystacks and needles.
+
+    Each of ``haystacks`` haystacks is drawn once at the longest context; a
+    shorter context is its prefix. Each haystack hides ``needles`` needles, one
+    at a time, at a uniform position within each context.
+    """
+    head = head or Head()
+    contexts = _check_contexts(contexts)
+    for name, value in (("haystacks", haystacks), ("needles", needles)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name} must be a positive int, got {value!r}")
+    names = [c.name for c in calibrations]
+    if not names or len(set(names)) != len(names):
+        raise ValueError(f"calibrations need distinct names, got {names}")
+    g = torch.Generator().manual_seed(seed)
+    hits = {name: [0] * len(contexts) for name in names}
+    for _ in range(haystacks):
+        keys, values = head.keys(contexts[-1], g), head.values(contexts[-1], g)
+        signs = torch.randint(0, 2, (needles, head.massive_channels), generator=g) * 2.0 - 1
+        needle_k, needle_v = head.needle_keys(signs, g), head.values(needles, g)
+        where = torch.rand(needles, generator=g)
+        for cal in calibrations:
+            stored = _Stored(cal, keys, values, needle_k, needle_v)
+            for i, tokens in enumerate(contexts):
+                found = stored.retrieve(head.queries(signs), (where * tokens).long(), tokens)
+                hits[cal.name][i] += int(found.sum())
+    trials = haystacks * needles
+    return {
+        name: RecallCurve(name, tuple(contexts), tuple(h / trials for h in hits[name]), trials)
+        for name in names
+    }
+
+
+class _Stored:
+    """One haystack and its needles as a calibration stores them."""
+
+    def __init__(
+        self,
+        cal: Calibration,
+        keys: torch.Tensor,
+        values: torch.Tensor,
+        needle_k: torch.Tensor,
+        needle_v: torch.Tensor,
+    ) -> None:
+        self.keys = cal.store(keys, cal.k_scale)  # (T_max, d)
+        self.values = cal.store(values, cal.v_scale)
+        self.needle_k = cal.store(needle_k, cal.k_scale)  # (n, d)
+        self.needle_v = cal.store(needle_v, cal.v_scale)
+        self.clean_values, self.clean_needle_v = values, needle_v
+
+    def retrieve(self, q: torch.Tensor, pos: torch.Tensor, tokens: int) -> torch.Tensor:
+        """For each query, whether attention over ``tokens`` tokens returns its needle's value."""
+        n, d = q.shape
+        rows = torch.arange(n)
+        scores = q @ self.keys[:tokens].T / math.sqrt(d)  # (n, T)
+        scores[rows, pos] = (q * self.needle_k).sum(dim=1) / math.sqrt(d)
+        weights = torch.softmax(scores, dim=1)
+        # out = weights @ V with row pos of V replaced by the needle's value
+        out = weights @ self.values[:tokens]
+        out += weights[rows, pos, None] * (self.needle_v - self.values[pos])  # (n, d)
+        match = out @ self.clean_values[:tokens].T  # (n, T): read out against true values
+        match[rows, pos] = (out * self.clean_needle_v).sum(dim=1)
+        return match.argmax(dim=1) == pos
+
+
+def tie_recall_bound(head: Head, k_scale: float, contexts: Sequence[int]) -> list[float]:
+    """``E[1 / (1 + N)]`` for ``N ~ Binomial(T - 1, p)`` distractors tied with a saturated needle.
+
+    ``p = P(z > 432 k_scale / massive_std)^m``: every massive channel of a
+    distractor rounds to the top code, with the query's sign. Valid when the
+    needle itself saturates; otherwise no tie exists and the bound is 1.
+    """
+    contexts = _check_contexts(contexts)
+    threshold = _SATURATES_FROM * k_scale
+    if head.needle_sigmas * head.massive_std < threshold:
+        return [1.0 for _ in contexts]
+    tail = 0.5 * math.erfc(threshold / head.massive_std / math.sqrt(2))
+    p = tail**head.massive_channels
+    if p == 0:
+        return [1.0 for _ in contexts]
+    return [(1 - (1 - p) ** t) / (t * p) for t in contexts]
+
+
+def _check_contexts(contexts: Sequence[int]) -> list[int]:
+    values = list(contexts)
+    if not values or any(isinstance(t, bool) or not isinstance(t, int) or t < 1 for t in values):
+        raise ValueError(f"contexts must be positive ints, got {contexts!r}")
+    if values != sorted(set(values)):
+        raise ValueError(f"contexts must be increasing, got {values}")
+    return values
+
+
+def recall_table(curves: Mapping[str, RecallCurve]) -> str:
+    """The curves as a plain-text table, one row per context."""
+    names = list(curves)
+    first = curves[names[0]]
+    lines = [f"{'context':>9}" + "".join(f"{n:>16}" for n in names)]
+    for i, tokens in enumerate(first.contexts):
+        lines.append(f"{tokens:>9,}" + "".join(f"{curves[n].recall[i]:>16.1%}" for n in names))
+    return "\n".join(lines)

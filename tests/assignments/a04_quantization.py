@@ -1,0 +1,27 @@
+"""Chapter 4: quantization. Every answer is written on the student's own numbers ``N``."""
+
+ASSIGNMENT = "04_quantization"
+NOTEBOOK = "quantization"
+WRONG = {
+    "weights_gb": (
+        "weights_gb = N.params * N.bits / 8 / GB",
+        "left out the scales",
+    ),
+    "seats": (
+        "params, layers, kv_heads, head_dim = N.model\n"
+        "usable = N.util * N.card[1] * 10**6\n"
+        "weights = params * N.weight_bits / 8\n"
+        "per_seat = 2 * layers * kv_heads * head_dim * N.kv_bytes * N.context\n"
+        "seats = math.floor((usable - weights) / per_seat)",
+        "1 MiB is 2^20 bytes",
+    ),
+    "tokens_per_s": (
+        "params, kv_bytes_per_token = N.model\n"
+        "tokens_per_s = N.gpu[1] * GB / (params * N.weight_bits / 8)",
+        "left out the KV cache",
+    ),
+    "max_error": (
+        "max_error = (max(N.hi, 0) - min(N.lo, 0)) / 16 / 2",
+        "15 steps",
+    ),
+}
