@@ -110,14 +110,16 @@ def benchmark(args: argparse.Namespace) -> EngineBenchReport:
     from kvlib.config import load_config
     from kvlib.engine import Engine, EngineConfig, Request
     from kvlib.nn.decoder import TinyDecoder, tiny_config
+    from kvlib.serving.scheduler import Policy
 
     torch.set_num_threads(1)
     model = TinyDecoder(load_config(tiny_config(max_positions=512)), seed=args.seed)
     requests = [Request(rid, p, m) for rid, p, m in _workload(args.requests, args.seed)]
     figures, outputs = {}, {}
-    for policy in ("static", "continuous"):
+    policies: tuple[Policy, ...] = ("static", "continuous")
+    for policy in policies:
         config = EngineConfig(args.num_blocks, args.block_size, args.max_batch_size,
-                              policy=policy)  # type: ignore[arg-type]  # fmt: skip
+                              policy=policy)  # fmt: skip
         engine = Engine(model, config)
         results = engine.run(requests)
         figures[policy] = _figures(policy, engine, results)

@@ -16,10 +16,18 @@ from kvlib.config.model import (
     from_dict,
     load_config,
 )
-from kvlib.config.parts import Layout, MLAConfig, MoEConfig, QuantizationConfig, VisionTower
+from kvlib.config.parts import (
+    IndexerConfig,
+    Layout,
+    MLAConfig,
+    MoEConfig,
+    QuantizationConfig,
+    VisionTower,
+)
 
 __all__ = [
     "ConfigError",
+    "IndexerConfig",
     "Layout",
     "MLAConfig",
     "MoEConfig",

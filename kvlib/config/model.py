@@ -20,11 +20,13 @@ from kvlib.config.fields import ConfigError, get_bool, get_optional_int, text_co
 from kvlib.config.layer_types import layer_types
 from kvlib.config.layers import MLADims, attention_heads, layer_specs, sliding_window
 from kvlib.config.parts import (
+    IndexerConfig,
     Layout,
     MLAConfig,
     MoEConfig,
     QuantizationConfig,
     VisionTower,
+    indexer_from,
     layout_from,
     mla_from,
     moe_from,
@@ -73,6 +75,7 @@ class ModelConfig:
     layers: tuple[CacheSpec, ...]
     sliding_window: int | None
     mla: MLAConfig | None
+    indexer: IndexerConfig | None
     moe: MoEConfig | None
     layout: Layout
     vision: VisionTower | None
@@ -181,6 +184,7 @@ def from_dict(data: Mapping[str, Any], *, name: str = "custom") -> ModelConfig:
         layers=layers,
         sliding_window=max(windows) if windows else None,
         mla=mla,
+        indexer=indexer_from(text) if "indexed_attention" in types else None,
         moe=moe_from(text, heads.num_layers),
         layout=layout_from(text),
         vision=vision_from(data),

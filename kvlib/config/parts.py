@@ -8,7 +8,7 @@ Each is a frozen dataclass built by a ``*_from`` function from the text config
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from kvlib.config.fields import (
@@ -20,11 +20,13 @@ from kvlib.config.fields import (
 )
 
 __all__ = [
+    "IndexerConfig",
     "Layout",
     "MLAConfig",
     "MoEConfig",
     "QuantizationConfig",
     "VisionTower",
+    "indexer_from",
     "layout_from",
     "mla_from",
     "moe_from",
@@ -74,6 +76,27 @@ def mla_from(text: Mapping[str, Any]) -> MLAConfig | None:
 
 
 @dataclass(frozen=True)
+class IndexerConfig:
+    """DeepSeek Sparse Attention's indexer (DeepSeek-V3.2): ``num_heads`` scoring heads of
+    ``head_dim`` (its cached key's width) choosing the ``top_k`` tokens each query attends."""
+
+    num_heads: int
+    head_dim: int
+    top_k: int
+
+
+def indexer_from(text: Mapping[str, Any]) -> IndexerConfig | None:
+    """``index_n_heads``, ``index_head_dim``, ``index_topk``; None for a model without one."""
+    if text.get("index_head_dim") is None:
+        return None
+    return IndexerConfig(
+        num_heads=get_int(text, "index_n_heads"),
+        head_dim=get_int(text, "index_head_dim"),
+        top_k=get_int(text, "index_topk"),
+    )
+
+
+@dataclass(frozen=True)
 class MoEConfig:
     """Routed experts: how many, how many a token uses, their width, which layers."""
 
@@ -81,7 +104,7 @@ class MoEConfig:
     experts_per_token: int
     expert_width: int
     shared_width: int
-    moe_layers: tuple[bool, ...]
+    moe_layers: tuple[bool, ...] = field(repr=False)
 
     def is_moe_layer(self, layer: int) -> bool:
         """Whether layer ``layer`` (0-based) routes its MLP through experts."""

@@ -1,0 +1,285 @@
+"""What one MLA layer computes and reads per decode step, on the naive and the absorbed path.
+
+The two paths are those of vLLM's ``vllm/v1/attention/backends/mla/common.py``:
+the "compute friendly" naive path decompresses every cached latent into per-head
+keys and values through ``kv_b_proj``; the "data-movement friendly" absorbed path
+folds ``W_UK`` into the query and ``W_UV`` into the output and attends in latent
+space (MQA with a ``d_c + d_r``-wide key and a ``d_c``-wide value). A sparse
+indexer (DeepSeek-V3.2) narrows the absorbed path to the top-k tokens.
+
+FLOPs count a multiply-add as 2 and only matrix products (softmax, norms, RoPE and
+the top-k selection are left out), the convention of
+``torch.utils.flop_counter.FlopCounterMode``, which ``tests/test_nn_mla.py`` and
+``tests/test_nn_sparse.py`` count with on :mod:`kvlib.nn.mla` and
+:mod:`kvlib.nn.sparse`.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Literal
+
+from kvlib.checks import require_int
+from kvlib.config import ConfigError, ModelConfig
+from kvlib.dtypes import DTYPE_BITS, check_dtype
+from kvlib.mla.cache import require_mla
+
+__all__ = [
+    "IndexerShape",
+    "LatentReadCost",
+    "MLAPath",
+    "MLAShape",
+    "MLAStepCost",
+    "latent_read_cost",
+    "mla_step_cost",
+]
+
+MLAPath = Literal["naive", "absorbed"]
+_PATHS = ("naive", "absorbed")
+
+
+@dataclass(frozen=True)
+class MLAShape:
+    """The dimensions of one MLA layer (the fields of a DeepSeek-V2/V3 config.json)."""
+
+    hidden_size: int
+    num_heads: int
+    kv_lora_rank: int
+    qk_rope_head_dim: int
+    qk_nope_head_dim: int
+    v_head_dim: int
+    q_lora_rank: int | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("hidden_size", "num_heads", "kv_lora_rank", "qk_rope_head_dim",
+                     "qk_nope_head_dim", "v_head_dim"):  # fmt: skip
+            require_int(getattr(self, name), name, 1)
+        if self.q_lora_rank is not None:
+            require_int(self.q_lora_rank, "q_lora_rank", 1)
+
+    @classmethod
+    def from_config(cls, cfg: ModelConfig) -> MLAShape:
+        """The shape of ``cfg``'s attention layers."""
+        require_mla(cfg)
+        assert cfg.mla is not None
+        return cls(
+            hidden_size=cfg.hidden_size,
+            num_heads=cfg.num_attention_heads,
+            kv_lora_rank=cfg.mla.kv_lora_rank,
+            qk_rope_head_dim=cfg.mla.qk_rope_head_dim,
+            qk_nope_head_dim=cfg.mla.qk_nope_head_dim,
+            v_head_dim=cfg.mla.v_head_dim,
+            q_lora_rank=cfg.mla.q_lora_rank,
+        )
+
+    @property
+    def latent_dim(self) -> int:
+        """Cached elements per token: ``kv_lora_rank + qk_rope_head_dim``."""
+        return self.kv_lora_rank + self.qk_rope_head_dim
+
+    @property
+    def qk_head_dim(self) -> int:
+        return self.qk_nope_head_dim + self.qk_rope_head_dim
+
+    @property
+    def linear_params(self) -> int:
+        """Weights of the projections a token always goes through (not ``kv_b_proj``).
+
+        ``q_a_proj`` and ``q_b_proj`` (or ``q_proj``), ``kv_a_proj_with_mqa``, ``o_proj``
+        (transformers ``DeepseekV3Attention``, no biases).
+        """
+        h, heads = self.hidden_size, self.num_heads
+        if self.q_lora_rank is None:
+            query = h * heads * self.qk_head_dim
+        else:
+            query = h * self.q_lora_rank + self.q_lora_rank * heads * self.qk_head_dim
+        return query + h * self.latent_dim + heads * self.v_head_dim * h
+
+    @property
+    def kv_b_params(self) -> int:
+        """``kv_b_proj``: ``W_UK`` and ``W_UV``, ``d_c x H x (d_nope + d_v)``."""
+        return self.kv_lora_rank * self.num_heads * (self.qk_nope_head_dim + self.v_head_dim)
+
+    @property
+    def attention_params(self) -> int:
+        """Every weight of the layer's attention: projections, ``kv_b_proj`` and the RMSNorms."""
+        norms = self.kv_lora_rank + (self.q_lora_rank or 0)
+        return self.linear_params + self.kv_b_params + norms
+
+
+@dataclass(frozen=True)
+class MLAStepCost:
+    """Matrix FLOPs and bytes read by one MLA layer for ``query_tokens`` new tokens.
+
+    ``cache_bytes``: the latents read; ``weight_bytes``: the layer's weights;
+    ``decompressed_bytes``: the per-head keys and values the naive path forms and then
+    reads (written once, read once; counted here as read). 0 for the absorbed path,
+    which never forms them.
+    """
+
+    path: MLAPath
+    context_tokens: int
+    query_tokens: int
+    projection_flops: int
+    kv_up_flops: int
+    attention_flops: int
+    cache_bytes: int
+    weight_bytes: int
+    decompressed_bytes: int
+
+    @property
+    def flops(self) -> int:
+        return self.projection_flops + self.kv_up_flops + self.attention_flops
+
+    @property
+    def bytes_read(self) -> int:
+        return self.cache_bytes + self.weight_bytes + self.decompressed_bytes
+
+    @property
+    def flops_per_byte(self) -> float:
+        """Arithmetic intensity: compare with a GPU's ridge point (``GPUSpec``)."""
+        return self.flops / self.bytes_read
+
+
+def mla_step_cost(
+    shape: MLAShape,
+    context_tokens: int,
+    path: MLAPath,
+    *,
+    query_tokens: int = 1,
+    kv_dtype: str = "bf16",
+    weight_dtype: str = "bf16",
+) -> MLAStepCost:
+    """Cost of ``query_tokens`` new tokens attending to ``context_tokens`` cached ones.
+
+    ``context_tokens`` counts the cache after the new tokens are appended (S <= T).
+    With ``H`` heads, ``d_c`` the rank, ``d_r`` the RoPE width, ``d_n`` and ``d_v``:
+
+    - naive: decompress ``2 T d_c H (d_n + d_v)``; attend ``2 S T H (d_n + d_r + d_v)``;
+      write and read back ``T H (d_n + d_r + d_v)`` elements of keys and values;
+    - absorbed: fold ``2 S H d_c (d_n + d_v)``; attend ``2 S T H (2 d_c + d_r)``.
+
+    Every query is scored against every cached token (a causal kernel skips about
+    half of the S x S block of a prefill; at decode S = 1 it changes nothing).
+    """
+    if path not in _PATHS:
+        raise ValueError(f"path must be 'naive' or 'absorbed', got {path!r}")
+    require_int(context_tokens, "context_tokens", 1)
+    require_int(query_tokens, "query_tokens", 1)
+    if query_tokens > context_tokens:
+        raise ValueError(
+            f"query_tokens ({query_tokens}) exceeds context_tokens ({context_tokens}): the "
+            "context counts the new tokens too"
+        )
+    kv_bits = DTYPE_BITS[check_dtype(kv_dtype)]
+    weight_bits = DTYPE_BITS[check_dtype(weight_dtype)]
+    s, t, heads = query_tokens, context_tokens, shape.num_heads
+    rank, rope = shape.kv_lora_rank, shape.qk_rope_head_dim
+    nope, value = shape.qk_nope_head_dim, shape.v_head_dim
+    if path == "naive":
+        kv_up = 2 * t * shape.kv_b_params
+        attention = 2 * s * t * heads * (nope + rope + value)
+        decompressed = t * heads * (nope + rope + value)
+    else:
+        kv_up = 2 * s * shape.kv_b_params
+        attention = 2 * s * t * heads * (2 * rank + rope)
+        decompressed = 0
+    return MLAStepCost(
+        path=path,
+        context_tokens=t,
+        query_tokens=s,
+        projection_flops=2 * s * shape.linear_params,
+        kv_up_flops=kv_up,
+        attention_flops=attention,
+        cache_bytes=math.ceil(t * shape.latent_dim * kv_bits / 8),
+        weight_bytes=math.ceil(shape.attention_params * weight_bits / 8),
+        decompressed_bytes=math.ceil(decompressed * kv_bits / 8),
+    )
+
+
+@dataclass(frozen=True)
+class IndexerShape:
+    """DeepSeek Sparse Attention's indexer: ``num_heads`` scoring heads of ``head_dim``,
+    keeping the ``top_k`` best-scored tokens per query (``index_n_heads``,
+    ``index_head_dim``, ``index_topk`` in DeepSeek-V3.2's config: 64, 128, 2048)."""
+
+    num_heads: int
+    head_dim: int
+    top_k: int
+
+    def __post_init__(self) -> None:
+        for name in ("num_heads", "head_dim", "top_k"):
+            require_int(getattr(self, name), name, 1)
+
+    @classmethod
+    def from_config(cls, cfg: ModelConfig) -> IndexerShape:
+        """The config's indexer (``index_n_heads``, ``index_head_dim``, ``index_topk``)."""
+        if cfg.indexer is None:
+            raise ConfigError(
+                f"{cfg.name} has no sparse-attention indexer: a DeepSeek-V3.2 config gives "
+                "'index_n_heads', 'index_head_dim' and 'index_topk'"
+            )
+        return cls(cfg.indexer.num_heads, cfg.indexer.head_dim, cfg.indexer.top_k)
+
+
+@dataclass(frozen=True)
+class LatentReadCost:
+    """The part of one decode step that grows with the context, per query token per layer.
+
+    The absorbed path attends ``selected_tokens`` latents; with an indexer, every
+    cached token's indexer key is scored first. Projections are left out (the same
+    with or without the indexer, apart from its small query and weight projections).
+    """
+
+    context_tokens: int
+    selected_tokens: int
+    indexer_flops: int
+    indexer_bytes: int
+    attention_flops: int
+    attention_bytes: int
+
+    @property
+    def flops(self) -> int:
+        return self.indexer_flops + self.attention_flops
+
+    @property
+    def bytes_read(self) -> int:
+        return self.indexer_bytes + self.attention_bytes
+
+
+def latent_read_cost(
+    shape: MLAShape,
+    context_tokens: int,
+    latent_bytes_per_token: int,
+    indexer: IndexerShape | None = None,
+    indexer_bytes_per_token: int = 0,
+) -> LatentReadCost:
+    """Dense (``indexer`` None) or top-k sparse absorbed attention for one query token.
+
+    Dense: ``2 H T (2 d_c + d_r)`` FLOPs, ``T`` latents read. Sparse: the indexer
+    scores all ``T`` keys, ``2 H_I T (d_I + 1)`` FLOPs (a dot product per head, then
+    the weighted sum over heads), reading ``T`` indexer keys; attention then reads
+    only ``k = min(top_k, T)`` latents. Bytes per token are per layer, in the cache's
+    layout (1,152 at bf16; 656 + 132 for vLLM's fp8 DeepSeek-V3.2 cache).
+    """
+    require_int(context_tokens, "context_tokens", 1)
+    require_int(latent_bytes_per_token, "latent_bytes_per_token", 1)
+    require_int(indexer_bytes_per_token, "indexer_bytes_per_token")
+    per_token_flops = 2 * shape.num_heads * (2 * shape.kv_lora_rank + shape.qk_rope_head_dim)
+    if indexer is None:
+        selected, indexer_flops, indexer_bytes = context_tokens, 0, 0
+    else:
+        if indexer_bytes_per_token < 1:
+            raise ValueError("indexer_bytes_per_token must be given (>= 1) with an indexer")
+        selected = min(indexer.top_k, context_tokens)
+        indexer_flops = 2 * indexer.num_heads * context_tokens * (indexer.head_dim + 1)
+        indexer_bytes = context_tokens * indexer_bytes_per_token
+    return LatentReadCost(
+        context_tokens=context_tokens,
+        selected_tokens=selected,
+        indexer_flops=indexer_flops,
+        indexer_bytes=indexer_bytes,
+        attention_flops=selected * per_token_flops,
+        attention_bytes=selected * latent_bytes_per_token,
+    )

@@ -1,0 +1,28 @@
+"""Chapter 3: MLA caches, reductions, seats under tensor parallelism, the absorbed path.
+Every answer is written on the student's own numbers ``N``."""
+
+ASSIGNMENT = "03_mla"
+NOTEBOOK = "mla"
+WRONG = {
+    "latent_bytes": (
+        "latent_bytes = 2 * N.layers * (N.kv_lora_rank + N.rope_dim) * N.bytes_per_element",
+        "multiplied by 2 for keys and values",
+    ),
+    "reduction": (
+        "factor = (2 * N.gqa_layers * N.gqa_heads[1] * N.head_dim * 2) / "
+        "(2 * N.mla_layers * (N.kv_lora_rank + N.rope_dim) * 2)",
+        "latent has no factor 2",
+    ),
+    "seats_gained": (
+        "free = N.free_gib * GiB\n"
+        "mla = N.context_tokens * N.mla_layers * (N.kv_lora_rank + N.rope_dim) * 2 // N.gpus\n"
+        "gqa = N.context_tokens * 2 * N.gqa_layers * (8 // N.gpus) * 128 * 2\n"
+        "seats_gained = free // mla - free // gqa",
+        "does not split the MLA latent",
+    ),
+    "absorbed_flops": (
+        "absorbed_flops = 2 * N.heads * N.context_tokens * (N.nope_dim + N.rope_dim)"
+        " + 2 * N.heads * N.context_tokens * N.v_dim",
+        "decompressed keys",
+    ),
+}
