@@ -9,21 +9,31 @@ bytes and FLOPs into seconds with a card's bandwidth and compute
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 from kvlib.checks import require_fraction, require_int, require_positive
 from kvlib.config import ModelConfig
 from kvlib.hardware import GPUSpec
+from kvlib.layouts import weight_groups
 from kvlib.params import expert_weight_bytes, weight_bytes
 from kvlib.sizing import kv_bytes_by_layer, max_context_tokens
+from kvlib.specs import CacheSpec, ChunkedLocal, LinearState, MLALatent, SharedKV
 
 __all__ = [
+    "PrefillFlops",
+    "attention_pairs",
+    "compute_bound_tokens",
     "decode_step_bytes",
     "decode_tokens_per_s",
     "expected_experts_touched",
     "kv_bytes_per_gpu",
     "kv_exceeds_weights_at_tokens",
+    "matmul_params",
     "min_gpus",
+    "prefill_attention_flops",
+    "prefill_flops",
     "prefill_seconds",
+    "prefill_time_s",
     "valid_tp_degrees",
 ]
 
@@ -162,3 +172,128 @@ def min_gpus(
         if tp >= lower and weights / tp < usable:
             return tp
     return None
+
+
+# Prefill: the FLOPs of reading a prompt, and the time to first token they bound.
+_MATMUL_ROLES = ("linear", "expert", "router")
+
+
+@dataclass(frozen=True)
+class PrefillFlops:
+    """FLOPs of one prefill: weight matmuls, the LM head's logits, attention's own products."""
+
+    weights: int  # 2 x active matmul parameters (LM head excluded) x prompt tokens
+    lm_head: int  # 2 x LM-head parameters x tokens given logits (1 in a serving engine)
+    attention: int  # causal QK^T and AV over the prompt
+
+    @property
+    def total(self) -> int:
+        """All three terms."""
+        return self.weights + self.lm_head + self.attention
+
+
+def matmul_params(cfg: ModelConfig) -> tuple[int, int]:
+    """``(body, lm_head)``: parameters one text token is multiplied through.
+
+    ``body`` is every active linear, expert and router weight (the ``k`` routed
+    experts of a MoE layer); ``lm_head`` the output projection (the embedding
+    table when tied). Norms, biases (1-D) and the input lookup do no matmul.
+    """
+    text = [g for g in weight_groups(cfg) if g.part == "text"]
+    body = sum(g.active_count for g in text if g.role in _MATMUL_ROLES and len(g.shape) == 2)
+    head = sum(g.count for g in text if g.role == "lm_head")
+    if cfg.tie_word_embeddings:
+        head += (cfg.vocab_size or 0) * cfg.hidden_size
+    return body, head
+
+
+def attention_pairs(spec: CacheSpec, prompt_tokens: int) -> int:
+    """(query, key) pairs a causal layer scores over a prompt of ``T`` tokens.
+
+    Query ``i`` (1-based) sees ``i`` keys: ``T (T + 1) / 2`` in all. In a window of
+    ``W`` keys (itself and ``W - 1`` before it, as the cache keeps) it sees
+    ``min(i, W)``; in a chunk of ``C`` tokens only its own chunk's earlier keys.
+    """
+    t = require_int(prompt_tokens, "prompt_tokens")
+    if isinstance(spec, ChunkedLocal):
+        full, rest = divmod(t, spec.chunk)
+        return full * spec.chunk * (spec.chunk + 1) // 2 + rest * (rest + 1) // 2
+    if isinstance(spec, LinearState | SharedKV) or (
+        isinstance(spec, MLALatent) and spec.indexer_head_dim  # top-k sparse attention
+    ):
+        raise ValueError(f"kvlib does not count the attention FLOPs of a {spec.kind} layer")
+    window = t if spec.cap_tokens is None else min(t, spec.cap_tokens + 1)
+    return window * (window + 1) // 2 + (t - window) * window
+
+
+def prefill_attention_flops(cfg: ModelConfig, prompt_tokens: int) -> int:
+    """``sum over layers of pairs x H x 2 (d_qk + d_v)``: QK^T and AV, 2 FLOPs a multiply-add.
+
+    ``H`` is the query heads (grouped-query attention shares keys, not the work).
+    MLA prefill runs on decompressed heads (vLLM's MLA prefill path): keys of
+    ``qk_nope + qk_rope`` and values of ``v_head_dim`` per head.
+    """
+    total = 0
+    for spec in cfg.layers:
+        heads, key_dim, value_dim = cfg.num_attention_heads, cfg.head_dim, cfg.head_dim
+        if isinstance(spec, MLALatent):
+            heads = spec.num_heads
+            key_dim = spec.qk_nope_head_dim + spec.qk_rope_head_dim
+            value_dim = spec.v_head_dim
+        total += attention_pairs(spec, prompt_tokens) * heads * 2 * (key_dim + value_dim)
+    return total
+
+
+def prefill_flops(cfg: ModelConfig, prompt_tokens: int, *, logits_tokens: int = 1) -> PrefillFlops:
+    """FLOPs to prefill ``T`` tokens: ``2 x body x T`` for the weights, ``2 x lm_head x
+    logits_tokens`` (engines compute logits for the last prompt token only; a training
+    forward does all ``T``), and :func:`prefill_attention_flops`."""
+    t = require_int(prompt_tokens, "prompt_tokens", 1)
+    require_int(logits_tokens, "logits_tokens", 1)
+    if logits_tokens > t:
+        raise ValueError(f"logits_tokens ({logits_tokens}) exceeds prompt_tokens ({t})")
+    body, head = matmul_params(cfg)
+    return PrefillFlops(2 * body * t, 2 * head * logits_tokens, prefill_attention_flops(cfg, t))
+
+
+def prefill_time_s(
+    cfg: ModelConfig,
+    prompt_tokens: int,
+    flops_per_s: float,
+    bandwidth_bytes_per_s: float,
+    *,
+    weight_dtype: str | None = "bf16",
+    kv_dtype: str = "bf16",
+    tp: int = 1,
+) -> float:
+    """Lower bound on prefill time on each of ``tp`` GPUs: ``max(FLOPs / F, bytes / BW)``.
+
+    FLOPs from :func:`prefill_flops`, split over ``tp``; bytes: the weights the
+    prompt's tokens are routed through, read once, and the cache written once.
+    Short prompts are bound by the bytes, long ones by the FLOPs. Pass an
+    achievable ``flops_per_s`` (a fraction of the datasheet peak).
+    """
+    require_positive(flops_per_s, "flops_per_s")
+    require_positive(bandwidth_bytes_per_s, "bandwidth_bytes_per_s")
+    flops = prefill_flops(cfg, prompt_tokens).total / tp
+    moved = decode_step_bytes(cfg, prompt_tokens, 0, kv_dtype, weight_dtype, tp)
+    moved += kv_bytes_per_gpu(cfg, prompt_tokens, kv_dtype, tp)
+    return max(flops / flops_per_s, moved / bandwidth_bytes_per_s)
+
+
+def compute_bound_tokens(
+    ridge_flops_per_byte: float, bytes_per_weight: float = 2.0, cfg: ModelConfig | None = None
+) -> float:
+    """Prompt tokens past which a prefill's weight matmuls are compute-bound.
+
+    A weight of ``b`` bytes does 2 FLOPs per token it multiplies, so ``n`` tokens
+    reach the ridge ``R = F / BW`` when ``2 n / b = R``: ``n = R b / 2`` (the
+    ridge itself at bf16). Each expert of a MoE layer sees ``k / E`` of the
+    tokens (uniform routing), so the prompt must be ``E / k`` times longer.
+    """
+    require_positive(ridge_flops_per_byte, "ridge_flops_per_byte")
+    require_positive(bytes_per_weight, "bytes_per_weight")
+    tokens = ridge_flops_per_byte * bytes_per_weight / 2
+    if cfg is not None and cfg.moe is not None:
+        tokens *= cfg.moe.num_experts / cfg.moe.experts_per_token
+    return tokens

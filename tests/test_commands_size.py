@@ -153,3 +153,40 @@ def test_a_programming_error_is_not_reported_as_bad_input(
     monkeypatch.setattr(sizing, "kv_bytes_per_token", broken)
     with pytest.raises(KeyError, match="internal"):
         main(["size", "Llama-3.1-8B"])
+
+
+def test_pool_is_what_vllm_would_log(capsys: pytest.CaptureFixture[str]) -> None:
+    """The pool fields follow kvlib.kvpool, itself checked against vLLM's start-up lines."""
+    from kvlib import kvpool
+
+    report = run_json(capsys, "Llama-3.1-8B", "--gpu", "L4", "--context", "32768")
+    cfg = load_config("Llama-3.1-8B")
+    pool = kvpool.kv_pool(cfg, report["free_kv_bytes_per_gpu"], max_model_len=32768)
+    assert report["block_size"] == 16
+    assert report["page_bytes"] == 32 * 2 * 16 * 8 * 128 * 2
+    assert report["pool_blocks"] == report["free_kv_bytes_per_gpu"] // report["page_bytes"]
+    assert report["pool_tokens"] == pool.pool_tokens == 16 * report["pool_blocks"]
+    assert report["blocks_per_sequence"] == 32768 // 16
+    assert report["max_concurrency"] == pytest.approx(report["pool_blocks"] / 2048)
+    assert any("GPU KV cache size: " in note for note in report["notes"])
+    small = run_json(capsys, "Llama-3.1-8B", "--block-size", "32")
+    assert small["page_bytes"] == 2 * report["page_bytes"] and small["pool_blocks"] is None
+
+
+def test_linear_attention_pool_is_not_modelled_and_says_so(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = tmp_path / "config.json"
+    config.write_text(
+        json.dumps(
+            {"model_type": "qwen3_next", "hidden_size": 256, "num_hidden_layers": 4,
+             "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 64,
+             "vocab_size": 1000, "linear_conv_kernel_dim": 4, "linear_key_head_dim": 32,
+             "linear_value_head_dim": 32, "linear_num_key_heads": 2,
+             "linear_num_value_heads": 4, "num_experts": 4, "num_experts_per_tok": 2,
+             "moe_intermediate_size": 64}
+        )
+    )  # fmt: skip
+    report = run_json(capsys, str(config), "--kv-memory", "1 GiB")
+    assert report["page_bytes"] is None and report["seats"] is not None
+    assert any("linear attention" in note for note in report["notes"])

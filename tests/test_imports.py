@@ -172,6 +172,8 @@ PINNED = {
         "max_context_tokens", "page_bytes", "seats", "seats_for_context", "tokens_held",
     ],
     "kvlib.deploy": [
+        "PrefillFlops", "attention_pairs", "compute_bound_tokens", "matmul_params",
+        "prefill_attention_flops", "prefill_flops", "prefill_time_s",
         "decode_step_bytes", "decode_tokens_per_s", "expected_experts_touched",
         "kv_bytes_per_gpu", "kv_exceeds_weights_at_tokens", "min_gpus", "prefill_seconds",
         "valid_tp_degrees",

@@ -6,7 +6,7 @@ import argparse
 from dataclasses import dataclass
 from typing import Any
 
-from kvlib import deploy, params, sizing
+from kvlib import deploy, kvpool, params, sizing
 from kvlib.commands import UsageError, emit, fail
 from kvlib.commands.size_render import render
 from kvlib.config import ConfigError, ModelConfig, bundled_models, load_config
@@ -62,6 +62,12 @@ class SizeReport:
     seats: int | None
     decode_step_bytes: int | None
     decode_tokens_per_s_bound: float | None
+    block_size: int
+    page_bytes: int | None
+    blocks_per_sequence: int | None
+    pool_blocks: int | None
+    pool_tokens: int | None
+    max_concurrency: float | None
     notes: list[str]
 
 
@@ -95,6 +101,12 @@ def register(commands: Any) -> None:
     size.add_argument(
         "--kv-memory", help="free memory for the cache per GPU, e.g. '9 GiB' (else from --gpu)"
     )
+    size.add_argument(
+        "--block-size",
+        type=int,
+        default=kvpool.DEFAULT_BLOCK_SIZE,
+        help=f"tokens a KV block holds, as vLLM's --block-size ({kvpool.DEFAULT_BLOCK_SIZE})",
+    )
     size.add_argument("--json", action="store_true", help="print one JSON object")
     size.set_defaults(handler=run)
 
@@ -119,10 +131,11 @@ class _Inputs:
 
 def _inputs(args: argparse.Namespace) -> _Inputs:
     """Every flag checked, each failure naming the flag and the fix."""
-    for flag, value, low in (("--context", args.context, 1), ("--batch", args.batch, 1),
-                             ("--tp", args.tp, 1)):  # fmt: skip
-        if value < low:
-            raise UsageError(f"{flag} must be at least {low}, got {value}")
+    flags = (("--context", args.context), ("--batch", args.batch), ("--tp", args.tp),
+             ("--block-size", args.block_size))  # fmt: skip
+    for flag, value in flags:
+        if value < 1:
+            raise UsageError(f"{flag} must be at least 1, got {value}")
     if not 0 < args.gpu_memory_utilization <= 1:
         raise UsageError("--gpu-memory-utilization must be in (0, 1], e.g. 0.9")
     kv_dtype = _dtype("--kv-dtype", args.kv_dtype)
@@ -194,6 +207,7 @@ def size_report(args: argparse.Namespace) -> SizeReport:
     min_gpus = None
     if gpu is not None and weights is not None:
         min_gpus = deploy.min_gpus(cfg, gpu, given.weight_dtype, args.gpu_memory_utilization)
+    pool = _pool(cfg, args, kv_dtype, None if free is None else max(free, 0), notes)
     return SizeReport(
         model=cfg.name,
         model_type=cfg.model_type,
@@ -231,8 +245,45 @@ def size_report(args: argparse.Namespace) -> SizeReport:
         seats=seats,
         decode_step_bytes=step_bytes,
         decode_tokens_per_s_bound=speed,
+        block_size=args.block_size,
+        page_bytes=pool.page_bytes,
+        blocks_per_sequence=pool.blocks_per_sequence,
+        pool_blocks=pool.pool_blocks,
+        pool_tokens=pool.pool_tokens,
+        max_concurrency=pool.max_concurrency,
         notes=notes,
     )
+
+
+@dataclass(frozen=True)
+class _Pool:
+    page_bytes: int | None = None
+    blocks_per_sequence: int | None = None
+    pool_blocks: int | None = None
+    pool_tokens: int | None = None
+    max_concurrency: float | None = None
+
+
+def _pool(
+    cfg: ModelConfig, args: argparse.Namespace, kv_dtype: str, free: int | None, notes: list[str]
+) -> _Pool:
+    """vLLM's KV pool on one GPU (:mod:`kvlib.kvpool`), with max_model_len = --context."""
+    try:
+        page = kvpool.page_bytes(cfg, args.block_size, kv_dtype, args.tp)
+        per_sequence = kvpool.blocks_per_sequence(cfg, args.context, args.block_size, kv_dtype)
+    except ValueError as err:  # a layout vLLM pages in a way kvlib does not model
+        notes.append(f"no vLLM pool figures: {err}")
+        return _Pool()
+    if free is None:
+        return _Pool(page, per_sequence)
+    pool = kvpool.kv_pool(cfg, free, max_model_len=args.context, block_size=args.block_size,
+                          kv_dtype=kv_dtype, tp=args.tp)  # fmt: skip
+    notes.append(
+        f"pool as vLLM logs it: '{pool.startup_lines[0]}', '{pool.startup_lines[1]}' "
+        f"(max_model_len = --context, max_num_batched_tokens = "
+        f"{kvpool.DEFAULT_MAX_NUM_BATCHED_TOKENS:,})"
+    )
+    return _Pool(page, per_sequence, pool.num_blocks, pool.pool_tokens, pool.max_concurrency)
 
 
 def _notes(cfg: ModelConfig, kv_dtype: str, gpu: GPUSpec | None) -> list[str]:

@@ -75,9 +75,22 @@ def _seat_rows(r: SizeReport) -> list[tuple[str, str]]:
     return rows
 
 
+def _pool_rows(r: SizeReport) -> list[tuple[str, str]]:
+    if r.page_bytes is None:
+        return []
+    rows = [(f"page ({r.block_size} tokens, all layers)", _bytes(r.page_bytes, exact=True))]
+    rows.append((f"blocks for {r.context_tokens:,} tokens", f"{r.blocks_per_sequence:,}"))
+    if r.pool_blocks is not None and r.max_concurrency is not None:
+        rows += [
+            ("pool (vLLM)", f"{r.pool_blocks:,} blocks = {r.pool_tokens:,} tokens"),
+            ("max concurrency (vLLM)", f"{r.max_concurrency:.2f}x at {r.context_tokens:,} tokens"),
+        ]
+    return rows
+
+
 def render(report: SizeReport) -> str:
     """The table: one row a figure, then notes on what the figures assume."""
-    rows = _model_rows(report) + _gpu_rows(report) + _seat_rows(report)
+    rows = _model_rows(report) + _gpu_rows(report) + _seat_rows(report) + _pool_rows(report)
     if report.fits is False:
         rows.append(("warning", "the weights do not fit: raise --tp or lower --weight-dtype"))
     for note in (report.param_count_note, report.weight_note):

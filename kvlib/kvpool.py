@@ -1,0 +1,296 @@
+"""vLLM's KV-pool arithmetic: pages, blocks in a memory budget, and its two start-up lines.
+
+Followed from vLLM's v1 engine, read at commit ``001cabc1be16`` of
+``vllm-project/vllm`` (the main branch):
+
+- ``vllm/v1/kv_cache_interface.py``: a layer's page is ``block_size x`` its bytes
+  per token (``AttentionSpec.real_page_size_bytes``: ``2 x B x H_kv x d x b``;
+  ``MLAAttentionSpec``: ``B x (kv_lora_rank + rope) x b``, no factor 2). A
+  request budgets ``cdiv(max_model_len, B)`` pages of a full-attention layer
+  (``FullAttentionSpec.max_memory_usage_bytes``),
+  ``cdiv(min(W - 1 + max_num_batched_tokens, max_model_len), B) + 1`` of a
+  sliding one (``SlidingWindowSpec``: +1 because the window may straddle a
+  block boundary) and ``cdiv(min(chunk + max_num_batched_tokens, max_model_len), B)``
+  of a chunked-local one (``ChunkedLocalAttentionSpec``).
+- ``vllm/v1/core/kv_cache_utils.py``: ``get_kv_cache_groups`` puts every layer
+  in one group when all specs are equal or all of one type (full attention
+  and MLA count as one type); otherwise (hybrid models) it unifies page sizes
+  by growing the block size of the smaller pages
+  (``unify_kv_cache_spec_page_size``) and splits the layers into groups of
+  equal size (``_get_kv_cache_groups_uniform_page_size``). A block id then
+  spans ``group_size`` layer tensors, so ``num_blocks = memory // (page x
+  group_size)`` (``get_num_blocks``); with one group of differing pages it is
+  ``memory // sum of pages`` (``get_kv_cache_config_from_groups``).
+- ``_report_kv_cache_config`` logs ``GPU KV cache size: {num_blocks //
+  num_groups x min block size:,} tokens`` and ``Maximum concurrency for
+  {max_model_len:,} tokens per request: {num_blocks / blocks per request:.2f}x``
+  (``get_max_concurrency_for_kv_cache_config``).
+
+Modelled: full, MLA, sliding-window and chunked-local layers, tensor
+parallelism (each GPU's share of the KV heads), layers that reuse another
+layer's cache (no pages of their own, as in vLLM). Not modelled: linear
+attention / Mamba state pages (an error says so), ``num_gpu_blocks_override``,
+context parallelism, and ``--disable-hybrid-kv-cache-manager`` (which pages
+sliding layers like full ones). vLLM's block pool also keeps block 0 back as
+a null block: the logged size counts it, its scheduler cannot use it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from kvlib.config import ModelConfig
+from kvlib.specs import CacheSpec, ChunkedLocal, LinearState, SharedKV, SlidingWindow
+
+__all__ = [
+    "DEFAULT_BLOCK_SIZE",
+    "DEFAULT_MAX_NUM_BATCHED_TOKENS",
+    "KVCacheGroup",
+    "KVPool",
+    "LayerPage",
+    "blocks_per_sequence",
+    "kv_cache_groups",
+    "kv_memory_range",
+    "kv_pool",
+    "layer_page_bytes",
+    "layer_pages",
+    "page_bytes",
+]
+
+DEFAULT_BLOCK_SIZE = 16  # vLLM's default --block-size on CUDA
+# Chunked-prefill budget; vLLM's default depends on version, GPU and entry point
+# (2,048 to 16,384 tokens). It only changes the budget of sliding/chunked layers.
+DEFAULT_MAX_NUM_BATCHED_TOKENS = 8192
+
+
+def _positive(name: str, value: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name} must be a positive integer, got {value!r}")
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+@dataclass(frozen=True)
+class LayerPage:
+    """What vLLM's cache manager needs of one layer: its type and its page."""
+
+    kind: str  # "full" (full attention or MLA), "sliding" or "chunked"
+    window_tokens: int | None  # W for a sliding layer, the chunk for a chunked one
+    page_bytes: int  # one block of this layer, on one GPU
+    block_size: int
+
+
+def layer_page_bytes(spec: CacheSpec, block_size: int, kv_dtype: str, tp: int = 1) -> int:
+    """One GPU's page of one layer: ``spec.page_bytes(B, dtype)`` times its TP share."""
+    share = spec.page_bytes(block_size, kv_dtype) * spec.tp_share(tp)
+    if share.denominator != 1:
+        raise ValueError(f"tp={tp} does not split this layer's page into whole bytes")
+    return int(share)
+
+
+def layer_pages(
+    cfg: ModelConfig, block_size: int = DEFAULT_BLOCK_SIZE, kv_dtype: str = "bf16", tp: int = 1
+) -> list[LayerPage]:
+    """Each paged layer of ``cfg``; layers reading another layer's cache have none."""
+    _positive("block_size", block_size)
+    _positive("tp", tp)
+    pages = []
+    for i, spec in enumerate(cfg.layers):
+        if isinstance(spec, SharedKV):
+            continue
+        if isinstance(spec, LinearState):
+            raise ValueError(
+                f"layer {i} of {cfg.name} is linear attention: vLLM pages its fixed state "
+                "(MambaSpec, padded to the attention page), which kvlib does not model"
+            )
+        kind, window = "full", None
+        if isinstance(spec, SlidingWindow):
+            kind, window = "sliding", spec.window
+        elif isinstance(spec, ChunkedLocal):
+            kind, window = "chunked", spec.chunk
+        page = layer_page_bytes(spec, block_size, kv_dtype, tp)
+        pages.append(LayerPage(kind, window, page, block_size))
+    if not pages:
+        raise ValueError(f"{cfg.name} has no layer with a KV cache to page")
+    return pages
+
+
+@dataclass(frozen=True)
+class KVCacheGroup:
+    """Layers sharing one block table: ``num_layers`` real layers (padding not counted)."""
+
+    kind: str
+    window_tokens: int | None
+    block_size: int
+    page_bytes: int  # per layer
+    num_layers: int
+
+    def blocks_per_request(self, max_model_len: int, max_num_batched_tokens: int) -> int:
+        """Blocks vLLM budgets one request of ``max_model_len`` tokens in this group."""
+        tokens, extra = max_model_len, 0
+        if self.kind == "sliding" and self.window_tokens is not None:
+            tokens = min(self.window_tokens - 1 + max_num_batched_tokens, max_model_len)
+            extra = 1  # the window may start mid-block
+        elif self.kind == "chunked" and self.window_tokens is not None:
+            tokens = min(self.window_tokens + max_num_batched_tokens, max_model_len)
+        return _cdiv(tokens, self.block_size) + extra
+
+
+def _hybrid_groups(pages: list[LayerPage]) -> list[KVCacheGroup]:
+    """vLLM's groups of a model mixing attention types (one page size for all)."""
+    largest = max(p.page_bytes for p in pages)
+    by_type: dict[tuple[str, int | None, int], int] = {}
+    for p in pages:
+        if largest % p.page_bytes:
+            raise ValueError(
+                f"page sizes {p.page_bytes} and {largest} B do not divide: vLLM cannot "
+                "unify them by growing the block size"
+            )
+        block = p.block_size * (largest // p.page_bytes)
+        key = (p.kind, p.window_tokens, block)
+        by_type[key] = by_type.get(key, 0) + 1
+    counts = by_type.values()
+    group_size = min(counts)
+    if max(counts) < 1.5 * min(counts):
+        group_size = max(counts)  # pad the smaller type rather than split the larger
+    groups = []
+    for (kind, window, block), count in by_type.items():
+        for i in range(_cdiv(count, group_size)):
+            # layers[i::num_groups], as vLLM assigns them
+            in_group = len(range(i, count, _cdiv(count, group_size)))
+            groups.append(KVCacheGroup(kind, window, block, largest, in_group))
+    return groups
+
+
+def kv_cache_groups(
+    cfg: ModelConfig, block_size: int = DEFAULT_BLOCK_SIZE, kv_dtype: str = "bf16", tp: int = 1
+) -> list[KVCacheGroup]:
+    """The KV cache groups vLLM forms for ``cfg`` (``get_kv_cache_groups``)."""
+    pages = layer_pages(cfg, block_size, kv_dtype, tp)
+    first = pages[0]
+    if all(p == first for p in pages):
+        return [KVCacheGroup(first.kind, first.window_tokens, block_size, first.page_bytes,
+                             len(pages))]  # fmt: skip
+    if len({(p.kind, p.window_tokens) for p in pages}) == 1:
+        # UniformTypeKVCacheSpecs: one group whose page is the sum of the layers' pages.
+        total = sum(p.page_bytes for p in pages)
+        return [KVCacheGroup(first.kind, first.window_tokens, block_size, total, 1)]
+    return _hybrid_groups(pages)
+
+
+@dataclass(frozen=True)
+class KVPool:
+    """The KV pool vLLM builds in ``kv_memory_bytes`` on each GPU, and what it logs."""
+
+    kv_memory_bytes: int
+    block_size: int
+    max_model_len: int
+    groups: tuple[KVCacheGroup, ...]
+    page_bytes: int  # bytes of one block id across every layer on this GPU
+    num_blocks: int  # vLLM's num_gpu_blocks
+    pool_tokens: int  # "GPU KV cache size: N tokens"
+    blocks_per_request: int  # budget of one request of max_model_len tokens
+    max_concurrency: float  # "Maximum concurrency for ... tokens per request: Yx"
+
+    @property
+    def min_kv_memory_bytes(self) -> int:
+        """Least memory vLLM accepts: one request of ``max_model_len`` must fit."""
+        return self.blocks_per_request * self.page_bytes
+
+    @property
+    def startup_lines(self) -> tuple[str, str]:
+        """The two lines vLLM logs, formatted as ``_report_kv_cache_config`` does."""
+        return (
+            f"GPU KV cache size: {self.pool_tokens:,} tokens",
+            f"Maximum concurrency for {self.max_model_len:,} tokens per request: "
+            f"{self.max_concurrency:.2f}x",
+        )
+
+
+def kv_pool(
+    cfg: ModelConfig,
+    kv_memory_bytes: int,
+    *,
+    max_model_len: int,
+    block_size: int = DEFAULT_BLOCK_SIZE,
+    kv_dtype: str = "bf16",
+    tp: int = 1,
+    max_num_batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS,
+) -> KVPool:
+    """vLLM's pool for ``cfg`` in ``kv_memory_bytes`` of KV memory per GPU."""
+    if isinstance(kv_memory_bytes, bool) or not isinstance(kv_memory_bytes, int):
+        raise ValueError(f"kv_memory_bytes must be an int number of bytes, got {kv_memory_bytes!r}")
+    if kv_memory_bytes < 0:
+        raise ValueError(f"kv_memory_bytes must be non-negative, got {kv_memory_bytes:,}")
+    _positive("max_model_len", max_model_len)
+    _positive("max_num_batched_tokens", max_num_batched_tokens)
+    groups = kv_cache_groups(cfg, block_size, kv_dtype, tp)
+    page = groups[0].page_bytes * max(g.num_layers for g in groups)
+    num_blocks = kv_memory_bytes // page
+    per_request = sum(g.blocks_per_request(max_model_len, max_num_batched_tokens) for g in groups)
+    return KVPool(
+        kv_memory_bytes=kv_memory_bytes,
+        block_size=block_size,
+        max_model_len=max_model_len,
+        groups=tuple(groups),
+        page_bytes=page,
+        num_blocks=num_blocks,
+        pool_tokens=num_blocks // len(groups) * min(g.block_size for g in groups),
+        blocks_per_request=per_request,
+        max_concurrency=num_blocks / per_request,
+    )
+
+
+def page_bytes(
+    cfg: ModelConfig, block_size: int = DEFAULT_BLOCK_SIZE, kv_dtype: str = "bf16", tp: int = 1
+) -> int:
+    """Bytes one block id spans over every layer on one GPU (vLLM's page sizes summed)."""
+    groups = kv_cache_groups(cfg, block_size, kv_dtype, tp)
+    return groups[0].page_bytes * max(g.num_layers for g in groups)
+
+
+def blocks_per_sequence(
+    cfg: ModelConfig,
+    context_tokens: int,
+    block_size: int = DEFAULT_BLOCK_SIZE,
+    kv_dtype: str = "bf16",
+    *,
+    max_num_batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS,
+) -> int:
+    """Block ids vLLM budgets a request of ``context_tokens``, summed over its groups.
+
+    ``cdiv(T, B)`` for a model of full-attention (or MLA) layers only.
+    """
+    _positive("context_tokens", context_tokens)
+    return sum(
+        g.blocks_per_request(context_tokens, max_num_batched_tokens)
+        for g in kv_cache_groups(cfg, block_size, kv_dtype)
+    )
+
+
+def kv_memory_range(
+    cfg: ModelConfig,
+    logged_tokens: int,
+    block_size: int = DEFAULT_BLOCK_SIZE,
+    kv_dtype: str = "bf16",
+    tp: int = 1,
+) -> tuple[int, int]:
+    """KV memory ``[low, high)`` in bytes for which vLLM logs ``logged_tokens``.
+
+    Inverts :attr:`KVPool.pool_tokens`: the log rounds down to whole blocks (and
+    whole rounds of groups), so one logged size covers a range of memory.
+    """
+    groups = kv_cache_groups(cfg, block_size, kv_dtype, tp)
+    per_round = min(g.block_size for g in groups)
+    if isinstance(logged_tokens, bool) or not isinstance(logged_tokens, int) or logged_tokens < 0:
+        raise ValueError(f"logged_tokens must be a non-negative integer, got {logged_tokens!r}")
+    if logged_tokens % per_round:
+        raise ValueError(
+            f"{logged_tokens:,} tokens is not a whole number of {per_round}-token blocks: "
+            "vLLM cannot log it with this block size"
+        )
+    page = page_bytes(cfg, block_size, kv_dtype, tp)
+    first = logged_tokens // per_round * len(groups)
+    return first * page, (first + len(groups)) * page

@@ -1,0 +1,32 @@
+"""Chapter 2: paged attention. Every answer is written on the student's own numbers ``N``."""
+
+ASSIGNMENT = "02_paging"
+NOTEBOOK = "paging"
+WRONG = {
+    "blocks": ("blocks = N.context_tokens // N.block_size", "you rounded down"),
+    "reserved_extra_mib": (
+        "layers, kv_heads, head_dim = N.model\n"
+        "per_token = 2 * layers * kv_heads * head_dim * 2\n"
+        "reserved_extra_mib = sum(N.max_model_len - t for t in N.lengths) * per_token / MiB",
+        "whole blocks",
+    ),
+    "prefix_saved_mib": (
+        "layers, kv_heads, head_dim = N.model\n"
+        "per_token = 2 * layers * kv_heads * head_dim * 2\n"
+        "prefix_saved_mib = N.requests * (N.system_tokens // N.block_size) * N.block_size"
+        " * per_token / MiB",
+        "one copy of it is still stored",
+    ),
+    "fork_blocks": (
+        "partial = -(-N.prompt_tokens // N.block_size)\n"
+        "per_sample = -(-(N.prompt_tokens + N.new_tokens) // N.block_size)\n"
+        "fork_blocks = partial + N.samples * (per_sample - partial)",
+        "partly filled last block as well",
+    ),
+    "pool_tokens": (
+        "layers, kv_heads, head_dim = N.model\n"
+        "b = {'bf16': 2, 'fp8': 1}[N.kv_dtype]\n"
+        "pool_tokens = N.kv_memory_bytes // (2 * layers * kv_heads * head_dim * b)",
+        "first cuts it into whole blocks",
+    ),
+}
