@@ -1,0 +1,222 @@
+"""The roofline: FLOPs, bytes moved, and which of the two limits a kernel hits.
+
+A kernel that does ``F`` FLOPs while moving ``Q`` bytes to or from memory has
+arithmetic intensity ``I = F / Q`` (FLOPs per byte). A machine with peak
+compute ``P`` and memory bandwidth ``B`` can reach at most
+
+    attainable(I) = min(P, B x I)
+
+(Williams, Waterman and Patterson, "Roofline: an insightful visual
+performance model for multicore architectures", Communications of the ACM
+52(4), 2009). The two ceilings meet at the ridge point ``I* = P / B``: below
+it a kernel is memory-bound, above it compute-bound.
+
+The counts here are the minimum traffic of each operation: every operand read
+once, every output written once. A copy of ``N`` bytes moves ``2N`` (read
+and write), the convention of STREAM's Copy kernel (McCalpin, STREAM
+benchmark: 16 bytes per iteration of ``a(i) = b(i)`` on 8-byte words).
+
+Standard library only: the roofline of a datasheet needs no torch.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from kvlib.hardware import GPUSpec
+
+__all__ = [
+    "Machine",
+    "arithmetic_intensity",
+    "copy_bytes_moved",
+    "decode_attention_bytes",
+    "decode_attention_flops",
+    "decode_step_bytes",
+    "decode_step_flops",
+    "decode_step_intensity",
+    "machine_from_gpu",
+    "matmul_bytes",
+    "matmul_flops",
+    "ridge_batch",
+]
+
+
+def _positive(name: str, value: float) -> None:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
+        raise ValueError(f"{name} must be a positive number, got {value!r}")
+    if not math.isfinite(value):
+        raise ValueError(f"{name} must be finite, got {value!r}")
+
+
+def _count(name: str, value: int, minimum: int = 1) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}")
+
+
+@dataclass(frozen=True)
+class Machine:
+    """A roofline's two ceilings: peak FLOP/s and memory bandwidth (decimal units)."""
+
+    name: str
+    peak_flops_per_s: float
+    bandwidth_bytes_per_s: float
+    source: str
+
+    def __post_init__(self) -> None:
+        _positive("peak_flops_per_s", self.peak_flops_per_s)
+        _positive("bandwidth_bytes_per_s", self.bandwidth_bytes_per_s)
+
+    @property
+    def ridge_flops_per_byte(self) -> float:
+        """``P / B``: the intensity at which the memory and compute ceilings meet."""
+        return self.peak_flops_per_s / self.bandwidth_bytes_per_s
+
+    def attainable_flops_per_s(self, intensity: float) -> float:
+        """``min(P, B x I)``: the most a kernel of intensity ``I`` can reach here."""
+        _positive("intensity", intensity)
+        return min(self.peak_flops_per_s, self.bandwidth_bytes_per_s * intensity)
+
+    def bound(self, intensity: float) -> str:
+        """``"memory"`` below the ridge point, ``"compute"`` at or above it."""
+        _positive("intensity", intensity)
+        return "memory" if intensity < self.ridge_flops_per_byte else "compute"
+
+
+def machine_from_gpu(gpu: GPUSpec, dtype: str = "bf16") -> Machine:
+    """A datasheet roofline: dense bf16 (or fp8) FLOP/s and HBM bandwidth of ``gpu``.
+
+    Dense figures only: the "with sparsity" numbers datasheets print are twice
+    as large and need 2:4 structured-sparse weights, which dense inference lacks.
+    """
+    if dtype == "bf16":
+        peak = gpu.bf16_dense_flops_per_s
+    elif dtype == "fp8" and gpu.fp8_dense_flops_per_s is not None:
+        peak = gpu.fp8_dense_flops_per_s
+    else:
+        raise ValueError(f"{gpu.name} has no dense {dtype} figure: use dtype 'bf16' or 'fp8'")
+    return Machine(gpu.name, peak, gpu.hbm_bandwidth_bytes_per_s, f"datasheet: {gpu.source}")
+
+
+def arithmetic_intensity(flops: float, bytes_moved: float) -> float:
+    """``flops / bytes_moved``, in FLOPs per byte."""
+    if flops < 0:
+        raise ValueError(f"flops must be >= 0, got {flops!r}")
+    _positive("bytes_moved", bytes_moved)
+    return flops / bytes_moved
+
+
+def copy_bytes_moved(n_bytes: int) -> int:
+    """``2 x N``: a copy of ``N`` bytes reads ``N`` and writes ``N`` (STREAM's convention).
+
+    A CPU without non-temporal stores also reads the destination before
+    writing it (write-allocate), so its memory bus carries ``3N``; the
+    convention counts the bytes the program asked for.
+    """
+    _count("n_bytes", n_bytes)
+    return 2 * n_bytes
+
+
+def matmul_flops(m: int, n: int, k: int) -> int:
+    """``2 m n k``: one multiply and one add per term of each of the ``m x n`` dot products."""
+    for name, value in (("m", m), ("n", n), ("k", k)):
+        _count(name, value)
+    return 2 * m * n * k
+
+
+def matmul_bytes(m: int, n: int, k: int, bytes_per_element: int) -> int:
+    """``(m k + k n + m n) x b``: read A (m x k) and B (k x n) once, write C (m x n) once."""
+    for name, value in (("m", m), ("n", n), ("k", k), ("bytes_per_element", bytes_per_element)):
+        _count(name, value)
+    return (m * k + k * n + m * n) * bytes_per_element
+
+
+def decode_attention_flops(batch: int, heads: int, context_tokens: int, head_dim: int) -> int:
+    """``4 B H T d``: each of ``B x H`` query heads scores ``T`` keys and mixes ``T`` values.
+
+    ``q . k`` for T keys is ``2 T d`` FLOPs and the weighted sum of T values
+    another ``2 T d``; the softmax's few FLOPs per score are left out.
+    """
+    for name, value in (("batch", batch), ("heads", heads), ("context_tokens", context_tokens),
+                        ("head_dim", head_dim)):  # fmt: skip
+        _count(name, value)
+    return 4 * batch * heads * context_tokens * head_dim
+
+
+def decode_attention_bytes(
+    batch: int,
+    heads: int,
+    kv_heads: int,
+    context_tokens: int,
+    head_dim: int,
+    bytes_per_element: int,
+) -> int:
+    """``(2 B H_kv T d + 2 B H d) x b``: read the cached K and V once; read q, write the output.
+
+    The ``H / H_kv`` query heads of a group share their KV head, so a kernel
+    that reads each KV head once moves ``2 B H_kv T d`` elements of cache.
+    """
+    decode_attention_flops(batch, heads, context_tokens, head_dim)  # checks those counts
+    _count("kv_heads", kv_heads)
+    if heads % kv_heads:
+        raise ValueError(f"heads ({heads}) must be a multiple of kv_heads ({kv_heads})")
+    _count("bytes_per_element", bytes_per_element)
+    cache = 2 * batch * kv_heads * context_tokens * head_dim
+    query_and_output = 2 * batch * heads * head_dim
+    return (cache + query_and_output) * bytes_per_element
+
+
+def decode_step_flops(active_params: int, batch: int) -> int:
+    """``2 P B``: one decode step of ``B`` sequences, 2 FLOPs per active parameter per token.
+
+    Attention's own ``4 L H T d`` per token is left out (see
+    :func:`decode_attention_flops`); it reads the cache, not the weights.
+    """
+    _count("active_params", active_params)
+    _count("batch", batch)
+    return 2 * active_params * batch
+
+
+def decode_step_bytes(weight_bytes: int, batch: int, kv_bytes_per_sequence: int = 0) -> int:
+    """``W + B x KV``: every weight once per step (shared by the batch), every cache once.
+
+    ``weight_bytes`` is what a step reads: the bytes of the active parameters
+    (``b x P``), without the input embedding table, of which a step looks up
+    one row per token.
+    """
+    _count("weight_bytes", weight_bytes)
+    _count("batch", batch)
+    _count("kv_bytes_per_sequence", kv_bytes_per_sequence, minimum=0)
+    return weight_bytes + batch * kv_bytes_per_sequence
+
+
+def decode_step_intensity(
+    active_params: int, weight_bytes: int, batch: int, kv_bytes_per_sequence: int = 0
+) -> float:
+    """``2 P B / (W + B x KV)``: grows with the batch, towards ``2 P / KV`` when caches dominate."""
+    flops = decode_step_flops(active_params, batch)
+    return flops / decode_step_bytes(weight_bytes, batch, kv_bytes_per_sequence)
+
+
+def ridge_batch(
+    active_params: int,
+    weight_bytes: int,
+    ridge_flops_per_byte: float,
+    kv_bytes_per_sequence: int = 0,
+) -> float | None:
+    """The batch ``B*`` at which a decode step's intensity reaches the ridge point ``R``.
+
+    Solving ``2 P B / (W + B x KV) = R``: ``B* = R W / (2 P - R x KV)``. Without
+    cache reads (``KV = 0``) and with ``W = b P`` this is ``R b / 2``: at bf16
+    (2 bytes per parameter), the batch equals the ridge point. None when
+    ``2 P <= R x KV``: the cache reads grow as fast as the FLOPs and the step
+    stays memory-bound at any batch.
+    """
+    _count("active_params", active_params)
+    _count("weight_bytes", weight_bytes)
+    _positive("ridge_flops_per_byte", ridge_flops_per_byte)
+    _count("kv_bytes_per_sequence", kv_bytes_per_sequence, minimum=0)
+    headroom = 2 * active_params - ridge_flops_per_byte * kv_bytes_per_sequence
+    if headroom <= 0:
+        return None
+    return ridge_flops_per_byte * weight_bytes / headroom
