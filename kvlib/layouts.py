@@ -13,6 +13,7 @@ count kvlib cannot make exactly is reported as unknown, never guessed.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Literal
 
@@ -85,8 +86,13 @@ def known_families() -> list[str]:
     return sorted(FAMILY_LAYERS)
 
 
+@functools.lru_cache(maxsize=64)
 def weight_groups(cfg: ModelConfig) -> tuple[WeightGroup, ...]:
-    """Every weight tensor of ``cfg``'s checkpoint, language model and towers."""
+    """Every weight tensor of ``cfg``'s checkpoint, language model and towers.
+
+    Cached per config: a size report asks for it several times, and a config is
+    frozen (its hash leaves out ``raw``, which the layout never reads).
+    """
     builder = FAMILY_LAYERS.get(cfg.model_type)
     if builder is None:
         raise UnknownLayout(

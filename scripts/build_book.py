@@ -6,13 +6,19 @@ Steps:
    book's ``_config.yml`` adds ``_vendor`` to ``html_static_path`` and points
    ``mathjax_path`` at ``mathjax/tex-mml-chtml.js``, so pages load
    ``_static/mathjax/tex-mml-chtml.js`` instead of a CDN.
-2. If the kvlib sources or bundled configs changed since the last build, drop the
+2. The calculator page runs kvlib in the browser on Pyodide: install the npm package
+   ``pyodide`` pinned in package.json / package-lock.json (``npm ci``, only when the
+   lock changed), copy its core (loader, wasm, standard library, lock file) into
+   ``_vendor/pyodide``, the page's script and style into ``_vendor/calculator``, and
+   pack the kvlib modules ``kvlib size`` imports (scripts/pack_kvlib.py) into
+   ``_vendor/calculator/kvlib.zip``. Nothing is fetched from a CDN at run time.
+3. If the kvlib sources or bundled configs changed since the last build, drop the
    execution cache and rebuild every page: the cache is keyed on a notebook's
    code only, and a number printed by the book must never come from an old kvlib.
-3. Run ``jupyter-book build . --builder html -W -n --keep-going``: any Sphinx
+4. Run ``jupyter-book build . --builder html -W -n --keep-going``: any Sphinx
    warning, broken reference or failing cell makes the build fail.
-4. Scan the HTML for remote script, stylesheet or font addresses: the site must
-   read offline.
+5. Scan the HTML for remote script, stylesheet or font addresses: the site must
+   read offline; check that every file the calculator page loads was built.
 
 Usage: ``python scripts/build_book.py [--all] [--source DIR] [--chapter NN_slug]``.
 ``--chapter`` builds the front pages, chapter 1 and that one chapter into
@@ -24,20 +30,40 @@ warning, failing cell or remote asset.
 from __future__ import annotations
 
 import argparse
+import fcntl
 import hashlib
+import json
 import os
 import re
 import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+
+import pack_kvlib  # scripts/pack_kvlib.py, beside this file
 
 ROOT = Path(__file__).resolve().parent.parent
 VENDOR_DIR = ROOT / "_vendor"
 MATHJAX_DIR = VENDOR_DIR / "mathjax"
 KVLIB_STAMP_NAME = ".kvlib_sources.sha256"
 MATHJAX_ENTRY = "tex-mml-chtml.js"
+NODE_MODULES = ROOT / "node_modules"
+PYODIDE_PACKAGE = NODE_MODULES / "pyodide"
+PYODIDE_DIR = VENDOR_DIR / "pyodide"
+# Pyodide's core as the page loads it: the ES-module loader, the Emscripten glue, the
+# interpreter, the standard library, and the lock file the loader reads at start.
+PYODIDE_CORE = (
+    "pyodide.mjs", "pyodide.asm.js", "pyodide.asm.wasm", "python_stdlib.zip", "pyodide-lock.json",
+)
+# The loader's default package address for Node.js (a CDN); browsers use packageBaseUrl.
+PYODIDE_NODE_CDN = re.compile(r"https://cdn\.jsdelivr\.net/pyodide/v\$\{[\w$]+\}/full/")
+CALCULATOR_SOURCE = ROOT / "book" / "calculator_assets"
+CALCULATOR_DIR = VENDOR_DIR / "calculator"
+CALCULATOR_GLUE = "kvcalc.py"  # packed into kvlib.zip beside kvlib
+CALCULATOR_PAGE = "book/calculator.html"
 
 # Hosts the default Sphinx/Jupyter Book templates would load assets from.
 CDN_PATTERN = re.compile(
@@ -84,6 +110,99 @@ def vendor_mathjax() -> None:
     shutil.copytree(source, MATHJAX_DIR)
     stamp.write_text(wanted)
     print(f"build_book: copied MathJax from {source} to {MATHJAX_DIR.relative_to(ROOT)}")
+
+
+@contextmanager
+def vendor_lock() -> Iterator[None]:
+    """Serialise the npm install and copies between builds running at the same time."""
+    VENDOR_DIR.mkdir(exist_ok=True)
+    with open(VENDOR_DIR / ".lock", "w") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        yield
+
+
+def npm_install() -> None:
+    """``npm ci`` the packages of package-lock.json unless exactly those are installed."""
+    lock = ROOT / "package-lock.json"
+    stamp = NODE_MODULES / ".installed-lock.sha256"
+    wanted = hashlib.sha256(lock.read_bytes()).hexdigest()
+    if stamp.is_file() and stamp.read_text() == wanted and PYODIDE_PACKAGE.is_dir():
+        return
+    npm = shutil.which("npm")
+    if npm is None:
+        raise SystemExit(
+            "build_book: npm is not installed. The calculator page runs kvlib on Pyodide, "
+            "which comes from the npm package pinned in package.json; install Node.js and "
+            "npm (Debian: apt-get install nodejs npm), then build again."
+        )
+    # --ignore-scripts: nothing needed here runs install scripts, so none may run.
+    command = [npm, "ci", "--ignore-scripts", "--no-audit", "--no-fund"]
+    if subprocess.run(command, cwd=ROOT, check=False).returncode != 0:
+        raise SystemExit("build_book: `npm ci` failed (see above); the site needs Pyodide")
+    stamp.write_text(wanted)
+
+
+def vendor_pyodide() -> None:
+    """Copy Pyodide's core into _vendor/pyodide unless the same version is already there.
+
+    The loader names a CDN as its default package address under Node.js (it fetches no
+    package in a browser, where the page passes its own ``packageBaseUrl``); that
+    address is blanked in the copy so the built site names no CDN anywhere.
+    """
+    version = json.loads((PYODIDE_PACKAGE / "package.json").read_text())["version"]
+    sizes = [(PYODIDE_PACKAGE / name).stat().st_size for name in PYODIDE_CORE]
+    wanted = f"pyodide {version}\n{sizes}\n"
+    stamp = PYODIDE_DIR / ".source"
+    if stamp.is_file() and stamp.read_text() == wanted:
+        return
+    staging = VENDOR_DIR / ".pyodide.partial"
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir(parents=True)
+    for name in PYODIDE_CORE:
+        shutil.copyfile(PYODIDE_PACKAGE / name, staging / name)
+    loader = staging / "pyodide.mjs"
+    text, count = PYODIDE_NODE_CDN.subn("", loader.read_text(encoding="utf-8"))
+    if count != 1:
+        raise SystemExit(f"build_book: expected one CDN default in {loader.name} of Pyodide "
+                         f"{version}, found {count}; check the copy before changing the pin")
+    loader.write_text(text, encoding="utf-8")
+    for name in PYODIDE_CORE:
+        if name.endswith((".js", ".mjs", ".json")):
+            found = CDN_PATTERN.search((staging / name).read_text(encoding="utf-8"))
+            if found:
+                raise SystemExit(f"build_book: Pyodide's {name} names {found.group(0)}")
+    (staging / ".source").write_text(wanted)
+    shutil.rmtree(PYODIDE_DIR, ignore_errors=True)
+    staging.rename(PYODIDE_DIR)
+    print(f"build_book: copied Pyodide {version} core to {PYODIDE_DIR.relative_to(ROOT)}")
+
+
+def vendor_calculator() -> None:
+    """Pyodide, the calculator page's script and style, and kvlib packed for the page."""
+    with vendor_lock():
+        npm_install()
+        vendor_pyodide()
+        CALCULATOR_DIR.mkdir(parents=True, exist_ok=True)
+        for source in sorted(CALCULATOR_SOURCE.glob("*")):
+            if source.suffix in {".js", ".css"}:
+                shutil.copyfile(source, CALCULATOR_DIR / source.name)
+        missing = pack_kvlib.pyodide_missing_modules(PYODIDE_DIR / "pyodide-lock.json")
+        glue = CALCULATOR_SOURCE / CALCULATOR_GLUE
+        try:
+            pack_kvlib.pack(CALCULATOR_DIR / "kvlib.zip", extra=[glue], missing=missing)
+        except pack_kvlib.PackError as exc:
+            raise SystemExit(f"build_book: cannot pack kvlib for the calculator: {exc}") from None
+
+
+def calculator_problems(html_dir: Path) -> list[str]:
+    """Files the calculator page loads that the built site lacks (none if no such page)."""
+    if not (html_dir / CALCULATOR_PAGE).is_file():
+        return []
+    static = html_dir / "_static"
+    wanted = [static / "pyodide" / name for name in PYODIDE_CORE] + [
+        static / "calculator" / name for name in ("calculator.js", "calculator.css", "kvlib.zip")
+    ]
+    return [str(path.relative_to(html_dir)) for path in wanted if not path.is_file()]
 
 
 def warm_matplotlib() -> None:
@@ -179,6 +298,7 @@ def main(argv: list[str] | None = None) -> int:
 
     start = time.perf_counter()
     vendor_mathjax()
+    vendor_calculator()
     warm_matplotlib()
     rebuild_all = args.all
     if kvlib_changed(stamp):
@@ -188,6 +308,9 @@ def main(argv: list[str] | None = None) -> int:
             shutil.rmtree(jupyter_cache)
         rebuild_all = True
 
+    # The calculator's copies are replaced whole: a file left from an older build must
+    # not be served beside the new ones.
+    shutil.rmtree(html_dir / "_static" / CALCULATOR_DIR.name, ignore_errors=True)
     # Pages import kvlib from this checkout even where it is not pip-installed.
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
@@ -202,6 +325,11 @@ def main(argv: list[str] | None = None) -> int:
     if problems:
         print("build_book: the site would load remote assets:", *problems, sep="\n  ",
               file=sys.stderr)
+        return 1
+    missing = calculator_problems(html_dir)
+    if missing:
+        print("build_book: the calculator page would not load; missing:", *missing,
+              sep="\n  ", file=sys.stderr)
         return 1
     # Written last: its presence tells callers that _build/html is complete and current.
     stamp.write_text(kvlib_fingerprint())

@@ -53,7 +53,8 @@ LAYERS = [
     ("kvlib.layout_families", "kvlib.layouts", "kvlib.quantized", "kvlib.params"),
     ("kvlib.deploy",),
     ("kvlib.paging", "kvlib.block_pool", "kvlib.prefix", "kvlib.kvpool",
-     "kvlib.fragmentation", "kvlib.mla", "kvlib.roofline"),
+     "kvlib.fragmentation", "kvlib.mla", "kvlib.roofline", "kvlib.capacity", "kvlib.remedies",
+     "kvlib.costs", "kvlib.diagnosis"),
     ("kvlib.serving",),
     ("kvlib.nn",),
     ("kvlib.timing",),
@@ -188,7 +189,7 @@ PINNED = {
         "SlidingWindow",
     ],
     "kvlib.config": [
-        "ConfigError", "Layout", "MLAConfig", "MoEConfig", "ModelConfig",
+        "ConfigError", "IndexerConfig", "Layout", "MLAConfig", "MoEConfig", "ModelConfig",
         "QuantizationConfig", "VisionTower", "bundled_config_path", "bundled_models",
         "from_dict", "load_config",
     ],
