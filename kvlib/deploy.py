@@ -52,11 +52,13 @@ def kv_exceeds_weights_at_tokens(
 
 
 def prefill_seconds(num_params: int, prompt_tokens: int, flops_per_s: float) -> float:
-    """``2 x P x T / F``: about 2 FLOPs per (active) parameter per prompt token.
+    """``2 x P x T / F``: the rule of thumb, 2 FLOPs per (active) parameter per prompt token.
 
-    Leaves out attention's own T^2 term, small next to the weights below a
-    few thousand tokens. Use an achievable ``flops_per_s`` (a fraction of the
-    datasheet peak), not the peak itself.
+    Counts the LM head at every prompt token (an engine computes logits for the
+    last one only) and leaves out attention, whose share grows with ``T`` (about
+    8% of the weight FLOPs at 4,096 tokens for Llama-3.1-8B).
+    :func:`prefill_flops` and :func:`prefill_time_s` count both. Use an
+    achievable ``flops_per_s`` (a fraction of the datasheet peak), not the peak.
     """
     require_int(num_params, "num_params", 1)
     require_int(prompt_tokens, "prompt_tokens")
@@ -79,8 +81,9 @@ def decode_tokens_per_s(bytes_read_per_step: int, bandwidth_bytes_per_s: float) 
 def expected_experts_touched(num_experts: int, experts_per_token: int, tokens: int) -> float:
     """Experts a layer reads for ``tokens`` tokens routed uniformly at random:
     ``E x (1 - (1 - k / E) ** B)`` (each expert is missed by a token with
-    probability ``1 - k / E``). Real routers are skewed, so this is a lower bound
-    on the spread of a real batch's experts only on average.
+    probability ``1 - k / E``). Uniform routing spreads tokens the most: a skewed
+    router touches fewer distinct experts on average, so this is an upper bound
+    on the expected count of a real router.
     """
     require_int(num_experts, "num_experts", 1)
     require_int(experts_per_token, "experts_per_token", 1)

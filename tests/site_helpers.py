@@ -35,7 +35,15 @@ CHROMIUM_ARGS = [
 ]
 # Inputs of the build: a change to any of them makes _build/html stale.
 BUILD_INPUTS = [
-    "_config.yml", "_toc.yml", "book", "kvlib", "exercises", "scripts/build_book.py",
+    "_config.yml",
+    "_toc.yml",
+    "book",
+    "kvlib",
+    "exercises",
+    "scripts/build_book.py",
+    "scripts/pack_kvlib.py",
+    "package.json",
+    "package-lock.json",
 ]
 
 
@@ -93,6 +101,29 @@ def site_is_current() -> bool:
         and (HTML_DIR / "index.html").is_file()
         and BUILD_STAMP.stat().st_mtime >= newest_input_mtime()
     )
+
+
+def ensure_site() -> Path:
+    """_build/html, built first when missing or older than its sources.
+
+    Test processes (pytest-xdist workers) take a lock, so the site is built once.
+    """
+    import fcntl
+
+    BUILD_DIR.mkdir(exist_ok=True)
+    with open(BUILD_DIR / ".site.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not site_is_current():
+            result = build_site()
+            if result.returncode != 0:
+                raise AssertionError(
+                    "scripts/build_book.py failed:\n"
+                    + result.stdout[-4000:]
+                    + result.stderr[-4000:]
+                )
+    if not site_is_current():
+        raise AssertionError("the build finished but _build/html is still not current")
+    return HTML_DIR
 
 
 def build_site() -> subprocess.CompletedProcess[str]:

@@ -25,7 +25,7 @@ from typing import Any
 from urllib.parse import parse_qsl, urlencode, urlsplit
 
 import pytest
-from site_helpers import CHROMIUM, CHROMIUM_ARGS, HTML_DIR, ROOT, serve_directory, site_is_current
+from site_helpers import CHROMIUM, CHROMIUM_ARGS, ROOT, ensure_site, serve_directory
 
 pytestmark = pytest.mark.site
 
@@ -33,44 +33,15 @@ sys.path.insert(0, str(ROOT / "book" / "calculator_assets"))
 import kvcalc  # noqa: E402  (the page's Python side, run here in CPython)
 
 PAGE = "book/calculator.html"
-CHAPTER = "01_kv_cache"  # the smallest build that holds the calculator and the pages it links
-CHAPTER_BUILD = ROOT / "_build" / "chapters" / CHAPTER / "_build"
-CHAPTER_INPUTS = [
-    "_config.yml", "_toc.yml", "book/intro.md", "book/notation.md", f"book/{CHAPTER}",
-    "book/calculator.md", "book/calculator_assets", "kvlib", "scripts/build_book.py",
-    "scripts/pack_kvlib.py", "package.json", "package-lock.json",
-]  # fmt: skip
 PASTE = "__paste__"  # the model list's "Paste a config.json" entry (calculator.js)
 WAIT_MS = 180_000  # Pyodide's first start on a busy 2-core machine
 STATE = "(document.getElementById('kv-calculator') || {dataset: {}}).dataset"
 
 
-def _newest_mtime(names: list[str]) -> float:
-    newest = 0.0
-    for name in names:
-        path = ROOT / name
-        files = [path] if path.is_file() else [p for p in path.rglob("*") if p.is_file()]
-        newest = max([newest, *(f.stat().st_mtime for f in files if "__pycache__" not in f.parts)])
-    return newest
-
-
 @pytest.fixture(scope="module")
 def html_dir() -> Path:
-    """The full site when it is built and current, else the chapter-1 build (front
-    pages, chapter 1 and the Tools part), rebuilt when older than its sources."""
-    if site_is_current() and (HTML_DIR / PAGE).is_file():
-        return HTML_DIR
-    stamp = CHAPTER_BUILD / ".kvlib_sources.sha256"
-    html = CHAPTER_BUILD / "html"
-    if not (stamp.is_file() and stamp.stat().st_mtime >= _newest_mtime(CHAPTER_INPUTS)):
-        done = subprocess.run(
-            [sys.executable, str(ROOT / "scripts" / "build_book.py"), "--chapter", CHAPTER],
-            cwd=ROOT,
-            capture_output=True,
-            text=True,
-            check=False,
-        )
-        assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
+    """The built site (scripts/build_book.py), built first when it is not current."""
+    html = ensure_site()
     assert (html / PAGE).is_file(), f"the build wrote no {PAGE}"
     return html
 

@@ -246,6 +246,22 @@ def test_the_shape_of_the_pagedattention_result() -> None:
     assert share["max"] < 0.3
 
 
+def test_max_reservation_matches_the_papers_breakdown() -> None:
+    """Orca (Max) reserves one size for everyone, so neither the allocator nor the
+    arrivals matter much: Figure 2's 20.4 / 13.3 / 57.3 / 8.9% (token states,
+    reservation, internal, external & others) within 2.5 points, and Figure 13a's 7.00
+    batched requests, as the chapter states."""
+    requests = sample_requests(3000, SHAREGPT_LIKE, seed=0)
+    r = simulate(requests, "max", 15_728)
+    paper = (0.204, 0.133, 0.573, 0.089)
+    for got, published in zip((r.token_states, r.reserved, r.internal, r.external), paper,
+                              strict=True):  # fmt: skip
+        assert abs(got - published) < 0.025
+    assert r.mean_running == 7  # floor(15,728 / 2,048) reservations fit
+    paged = simulate(requests, "paged", 15_728)
+    assert abs(paged.token_states - 0.963) < 0.025  # Figure 2: vLLM at 96.3%
+
+
 def test_smaller_blocks_waste_less_of_a_last_block() -> None:
     requests = sample_requests(500, SHAREGPT_LIKE, seed=2)
     internal = [simulate(requests, "paged", 15_728, block_size=b).internal for b in (4, 16, 64)]

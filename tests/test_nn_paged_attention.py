@@ -96,7 +96,7 @@ def _paged(case: dict[str, object]) -> torch.Tensor:
     )
 
 
-SHAPES = [(8, 8), (8, 2), (8, 1), (12, 4), (4, 4)]  # MHA, GQA, MQA, GQA 3:1, MHA
+SHAPES = [(8, 8), (8, 4), (8, 2), (8, 1), (12, 4), (4, 4)]  # MHA, GQA 2:1 and 4:1, MQA, 3:1, MHA
 
 
 @pytest.mark.parametrize(("heads", "kv_heads"), SHAPES)

@@ -25,10 +25,9 @@ from site_helpers import (
     HTML_DIR,
     ROOT,
     TocPage,
-    build_site,
+    ensure_site,
     html_ids,
     serve_directory,
-    site_is_current,
     source_has_math,
     source_has_plot,
     toc_pages,
@@ -122,13 +121,7 @@ def _require_chromium() -> None:
 @pytest.fixture(scope="module")
 def built_site() -> Path:
     """_build/html, rebuilt first when it is missing or older than its sources."""
-    if not site_is_current():
-        result = build_site()
-        assert result.returncode == 0, (
-            "scripts/build_book.py failed:\n" + result.stdout[-4000:] + result.stderr[-4000:]
-        )
-    assert site_is_current(), "the build finished but _build/html is still not current"
-    return HTML_DIR
+    return ensure_site()
 
 
 @pytest.fixture(scope="module")
@@ -220,8 +213,10 @@ def test_math_is_typeset(browser_run: BrowserRun, page: TocPage) -> None:
     if source_has_math(page.source):
         assert report["mathNodes"] > 0, "the source has math but the page has no .math node"
         assert report["mjxContainers"] >= report["mathNodes"]
-        assert any(urlsplit(s).path.endswith(MATHJAX_SCRIPT) and s.startswith(browser_run.base_url)
-                   for s in report["mathjaxScripts"]), report["mathjaxScripts"]
+        assert any(
+            urlsplit(s).path.endswith(MATHJAX_SCRIPT) and s.startswith(browser_run.base_url)
+            for s in report["mathjaxScripts"]
+        ), report["mathjaxScripts"]
     assert report["mathjaxError"] is None, report["mathjaxError"]
     assert report["untypesetMath"] == 0, f"{report['untypesetMath']} math nodes left as TeX"
     assert not report["mjxErrors"], f"TeX errors: {report['mjxErrors']}"
@@ -267,8 +262,7 @@ def test_internal_links_resolve(browser_run: BrowserRun, page: TocPage) -> None:
 def test_no_request_leaves_the_machine(browser_run: BrowserRun) -> None:
     assert len(browser_run.visits) == len(PAGES)
     assert not browser_run.remote_requests, f"remote requests: {browser_run.remote_requests}"
-    local_failures = [f for f in browser_run.failed_requests
-                      if f.startswith(browser_run.base_url)]
+    local_failures = [f for f in browser_run.failed_requests if f.startswith(browser_run.base_url)]
     assert not local_failures, f"failed requests: {local_failures}"
     assert not browser_run.bad_responses, f"error responses: {browser_run.bad_responses}"
 
@@ -311,10 +305,16 @@ Some prose with $x^2$ math.
 _CASES = {
     "clean": ("```{code-cell} ipython3\nprint(6 * 7)\n```\n", 0, "built"),
     "failing-cell": ("```{code-cell} ipython3\n1 / 0\n```\n", 1, "CellExecutionError"),
-    "broken-reference": ("See {doc}`a page that does not exist <nowhere>`.\n", 1,
-                         "unknown document"),
-    "stderr-output": ("```{code-cell} ipython3\nimport sys\nprint('x', file=sys.stderr)\n```\n",
-                      1, "stderr was found"),
+    "broken-reference": (
+        "See {doc}`a page that does not exist <nowhere>`.\n",
+        1,
+        "unknown document",
+    ),
+    "stderr-output": (
+        "```{code-cell} ipython3\nimport sys\nprint('x', file=sys.stderr)\n```\n",
+        1,
+        "stderr was found",
+    ),
 }
 
 
@@ -327,7 +327,10 @@ def test_build_script_fails_on_any_warning(tmp_path: Path, case: str) -> None:
     (tmp_path / "_vendor").symlink_to(ROOT / "_vendor", target_is_directory=True)
     result = subprocess.run(
         [sys.executable, str(ROOT / "scripts" / "build_book.py"), "--source", str(tmp_path)],
-        capture_output=True, text=True, check=False, cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=False,
+        cwd=ROOT,
     )
     output = result.stdout + result.stderr
     assert (result.returncode != 0) == bool(expected_rc), output[-3000:]

@@ -78,7 +78,8 @@ def simulate(
 
     ``block_size`` applies to ``"paged"``; ``max_seq_len`` is what ``"max"``
     reserves (and caps ``"pow2"``); at most ``max_num_seqs`` requests run at
-    once (vLLM's default, 256). ``timeline=True`` keeps every step's counts.
+    once (256: vLLM's default on GPUs under 70 GiB and on A100s; 1,024 on larger
+    ones in v1-engine releases). ``timeline=True`` keeps every step's counts.
     """
     if policy not in POLICIES:
         raise ValueError(f"policy must be one of {', '.join(POLICIES)}, got {policy!r}")
