@@ -308,9 +308,6 @@ def main(argv: list[str] | None = None) -> int:
             shutil.rmtree(jupyter_cache)
         rebuild_all = True
 
-    # The calculator's copies are replaced whole: a file left from an older build must
-    # not be served beside the new ones.
-    shutil.rmtree(html_dir / "_static" / CALCULATOR_DIR.name, ignore_errors=True)
     # Pages import kvlib from this checkout even where it is not pip-installed.
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
@@ -321,6 +318,12 @@ def main(argv: list[str] | None = None) -> int:
               file=sys.stderr)
         return result.returncode or 1
 
+    # The calculator's files are copied whole after Sphinx, which skips its static copy
+    # when no page changed: a file left from an older build must not be served beside
+    # the new ones, and a no-op rebuild must still ship the current kvlib.
+    target = html_dir / "_static" / CALCULATOR_DIR.name
+    shutil.rmtree(target, ignore_errors=True)
+    shutil.copytree(CALCULATOR_DIR, target)
     problems = remote_assets(html_dir)
     if problems:
         print("build_book: the site would load remote assets:", *problems, sep="\n  ",
