@@ -88,17 +88,18 @@ def hammer(
     capacity: float,
     refill_per_s: float,
     duration_s: float,
+    ready: object,
     start: object,
     results: object,
 ) -> None:
     """One writer process: try to take a token from ``key`` as fast as possible.
 
     ``kind`` is "lua" (:class:`RedisTokenBucket`) or "naive" (GET then SET).
-    Waits at the ``start`` barrier with the other writers, hammers for
-    ``duration_s`` (and at least ``MIN_ATTEMPTS`` times), then puts
-    ``(admitted, attempts, first, last)`` on ``results``: ``first`` and ``last``
-    are ``time.monotonic()`` (one clock for every process on the machine)
-    before the first attempt and after the last.
+    Connects, then waits at the ``ready`` and ``start`` barriers with the other
+    writers, hammers for ``duration_s`` (and at least ``MIN_ATTEMPTS`` times), then
+    puts ``(admitted, attempts, first, last)`` on ``results``: ``first`` and ``last``
+    are ``time.monotonic()`` (one clock for every process on the machine) before the
+    first attempt and after the last.
     """
     from kvlib.serving.ratelimit import NaiveRedisTokenBucket, RedisTokenBucket
 
@@ -108,6 +109,7 @@ def hammer(
     else:
         bucket = NaiveRedisTokenBucket(url, key, capacity, refill_per_s, timeout_s=5.0)
     bucket.try_acquire(0.0)  # connect (and load the script) before the start
+    ready.wait()  # type: ignore[attr-defined]
     start.wait()  # type: ignore[attr-defined]
     admitted = attempts = 0
     first = time.monotonic()
@@ -120,30 +122,57 @@ def hammer(
 
 
 def contend(
-    kind: str, url: str, *, writers: int, capacity: float, refill_per_s: float, duration_s: float
+    kind: str,
+    url: str,
+    *,
+    writers: int,
+    capacity: float,
+    refill_per_s: float,
+    duration_s: float,
+    hold_writes: bool = False,
 ) -> tuple[int, int, float]:
     """Run ``writers`` processes of :func:`hammer` on one fresh key.
 
     Returns (tokens admitted in total, attempts in total, seconds from the
     first writer's first attempt to the last writer's last): no correct bucket
     admits more than ``capacity + refill_per_s * seconds``.
+
+    ``hold_writes``: before the writers start, Redis is told to hold every write
+    (``CLIENT PAUSE ... WRITE``: reads are served, writes and scripts wait), and it
+    is released only once every writer's first attempt is waiting on it
+    (``blocked_clients``). A GET-then-SET writer has then done its GET and waits on
+    its SET; a Lua writer waits with its whole script. The interleaving that a
+    racy bucket loses is thereby forced, not left to the scheduler.
     """
     import multiprocessing
 
     # fork, not spawn: a forked writer starts in milliseconds (spawn re-imports everything,
     # seconds for eight), and each writer opens its own connection after the fork.
     ctx = multiprocessing.get_context("fork")
-    start = ctx.Barrier(writers + 1)
+    ready, start = ctx.Barrier(writers + 1), ctx.Barrier(writers + 1)
     results = ctx.Queue()
     key = f"contend:{kind}:{time.monotonic_ns()}"
-    args = (kind, url, key, capacity, refill_per_s, duration_s, start, results)
+    args = (kind, url, key, capacity, refill_per_s, duration_s, ready, start, results)
     processes = [ctx.Process(target=hammer, args=args) for _ in range(writers)]
+    admin = redis.Redis.from_url(url, socket_timeout=30)
     for process in processes:
         process.start()
+    ready.wait(timeout=60)  # every writer connected, its bucket in Redis
+    if hold_writes:
+        admin.execute_command("CLIENT", "PAUSE", 120_000, "WRITE")
     start.wait(timeout=60)
+    if hold_writes:
+        try:
+            deadline = time.monotonic() + 60
+            while admin.info("clients")["blocked_clients"] < writers:
+                assert time.monotonic() < deadline, "the writers never reached Redis"
+                time.sleep(0.005)
+        finally:
+            admin.execute_command("CLIENT", "UNPAUSE")
     outcomes = [results.get(timeout=60) for _ in processes]
     for process in processes:
         process.join(timeout=30)
         assert process.exitcode == 0, f"a {kind} writer exited with {process.exitcode}"
+    admin.close()
     span_s = max(o[3] for o in outcomes) - min(o[2] for o in outcomes)
     return sum(o[0] for o in outcomes), sum(o[1] for o in outcomes), span_s

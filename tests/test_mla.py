@@ -43,7 +43,7 @@ from kvlib.mla import (
     node_seats,
     weight_bytes_per_gpu,
 )
-from kvlib.params import param_count
+from kvlib.params import param_count, weight_bytes
 from kvlib.sizing import kv_bytes, kv_bytes_by_layer, kv_bytes_per_token_per_layer, seats
 
 V2, V3, LLM_67B = "DeepSeek-V2", "DeepSeek-V3", "DeepSeek-LLM-67B"
@@ -242,7 +242,7 @@ def transformers_params(config: dict[str, Any]) -> dict[str, int]:
         model = AutoModelForCausalLM.from_config(hf)
     groups: dict[str, int] = {}
     for name, param in model.named_parameters():
-        for key in ("self_attn.", "mlp.experts.", "mlp.gate.", "q_a_proj", "kv_a_proj"):
+        for key in ("self_attn.", "mlp.experts.", "mlp.gate.", "q_a_proj", "kv_a_proj", "norm"):
             if key in name:
                 groups[key] = groups.get(key, 0) + param.numel()
         groups["all"] = groups.get("all", 0) + param.numel()
@@ -257,14 +257,29 @@ def test_weight_split_matches_the_modules_transformers_builds() -> None:
     gpus = 4
     # DP attention: only the routed experts are split.
     routed = built["mlp.experts."]
-    assert weight_bytes_per_gpu(cfg, gpus, "fp32", "dp") == 4 * (
-        built["all"] - routed + routed // gpus
+    assert weight_bytes_per_gpu(cfg, gpus, "fp32", "dp") == 4 * (built["all"] - routed) + -(
+        -4 * routed // gpus
     )
-    # TP: vLLM replicates fused_qkv_a_proj (q_a_proj + kv_a_proj_with_mqa) and the router.
-    replicated = built["q_a_proj"] + built["kv_a_proj"] + built["mlp.gate."]
-    assert weight_bytes_per_gpu(cfg, gpus, "fp32", "tp") == 4 * (
-        (built["all"] - replicated) // gpus + replicated
+    # TP: vLLM replicates fused_qkv_a_proj (q_a_proj + kv_a_proj_with_mqa), the router
+    # and the RMSNorm weights; everything else is split.
+    replicated = built["q_a_proj"] + built["kv_a_proj"] + built["mlp.gate."] + built["norm"]
+    assert weight_bytes_per_gpu(cfg, gpus, "fp32", "tp") == 4 * replicated + -(
+        -4 * (built["all"] - replicated) // gpus
     )
+
+
+def test_weights_per_gpu_as_the_checkpoint_ships() -> None:
+    """weight_dtype=None: DeepSeek-V3's fp8 blocks with scales and bf16 rest, split by rank."""
+    v3 = load_config(V3)
+    shipped = weight_bytes(v3, None)
+    for attention in ("tp", "dp"):
+        assert weight_bytes_per_gpu(v3, 1, None, attention) == shipped  # type: ignore[arg-type]
+        per_gpu = weight_bytes_per_gpu(v3, 8, None, attention)  # type: ignore[arg-type]
+        assert shipped / 8 < per_gpu < shipped
+    # The scales and the bf16 embeddings make the shipped checkpoint heavier than 1 B/param.
+    assert weight_bytes_per_gpu(v3, 8, None, "tp") > weight_bytes_per_gpu(v3, 8, "fp8", "tp")
+    with pytest.raises(ValueError, match="dtype"):
+        weight_bytes_per_gpu(v3, 8, "fp7", "tp")
 
 
 def test_tp_replicates_the_latent_and_dp_does_not() -> None:

@@ -12,7 +12,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from kvlib.serving.queueing import mm1, mmc, priority_mmc, rates_for_paid_waits
+from kvlib.serving.erlang import mm1, mmc
+from kvlib.serving.priority import priority_mmc, rates_for_paid_waits
 from kvlib.serving.simulate import (
     Gateway,
     Workload,
@@ -21,7 +22,6 @@ from kvlib.serving.simulate import (
     poisson_workload,
     simulate_pool,
     simulate_pool_simpy,
-    t_quantile,
 )
 
 CONFIDENCE = 0.99
@@ -59,13 +59,6 @@ def test_lindley_recursion_is_the_one_server_pool() -> None:
     one = simulate_pool(Workload(workload.arrival_s, workload.paid, workload.service_s,
                                  workload.coin), 1)  # fmt: skip
     assert np.allclose(lindley_waits(gaps, workload.service_s), one.wait_s, atol=1e-7)
-
-
-def test_student_t_quantiles_match_the_tables() -> None:
-    """Abramowitz & Stegun Table 26.10 (two-sided 95% and 99% points)."""
-    for p, df, table in [(0.975, 9, 2.262157), (0.995, 9, 3.249836), (0.975, 19, 2.093024),
-                         (0.995, 19, 2.860935), (0.995, 39, 2.707913)]:  # fmt: skip
-        assert t_quantile(p, df) == pytest.approx(table, abs=2e-4)
 
 
 def test_mm1_mean_and_p95_inside_the_interval() -> None:
@@ -162,5 +155,3 @@ def test_workloads_are_seeded_and_checked() -> None:
         poisson_workload(1.0, 2.0, 0.0, 10, seed=1)
     with pytest.raises(ValueError, match="shed_free must be between 0 and 1"):
         Gateway(shed_free=1.5)
-    with pytest.raises(ValueError, match="batches must be at least 10"):
-        batch_means(np.ones(1_000), batches=5)

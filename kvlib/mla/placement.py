@@ -8,70 +8,90 @@ therefore holds only as many sequences as one GPU. Data-parallel attention
 the price of a whole copy of the attention and other non-expert weights per GPU
 (vLLM docs, "Data Parallel Deployment": for MLA models "it can be advantageous to
 use data parallel for the attention layers").
+
+Weights are counted tensor by tensor (:func:`kvlib.layouts.weight_groups`), at a
+chosen precision or as the checkpoint ships (``weight_dtype=None``: DeepSeek-V3's
+fp8 linear layers with their 128 x 128 block scales, its bf16 embeddings, norms
+and routers; :mod:`kvlib.quantized`).
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Literal
 
 from kvlib.checks import require_fraction, require_int
-from kvlib.config import ModelConfig
+from kvlib.config import ConfigError, ModelConfig
 from kvlib.deploy import kv_bytes_per_gpu
-from kvlib.dtypes import bytes_for
+from kvlib.dtypes import bytes_for, check_dtype
 from kvlib.hardware import GPUSpec
-from kvlib.mla.cost import MLAShape
-from kvlib.params import param_count
+from kvlib.layouts import WeightGroup, weight_groups
+from kvlib.quantized import shipped_bytes
 from kvlib.sizing import kv_bytes, seats
 
 __all__ = ["AttentionParallel", "node_seats", "weight_bytes_per_gpu"]
 
 AttentionParallel = Literal["tp", "dp"]
 
-
-def _routed_expert_params(cfg: ModelConfig) -> int:
-    """Routed experts (gate, up and down of ``moe_intermediate_size``) in every MoE layer."""
-    if cfg.moe is None:
-        return 0
-    per_expert = 3 * cfg.hidden_size * cfg.moe.expert_width
-    return sum(cfg.moe.moe_layers) * cfg.moe.num_experts * per_expert
+# Weights vLLM keeps whole on every tensor-parallel rank of a DeepSeek model
+# (vllm/model_executor/models/deepseek_v2.py): ``fused_qkv_a_proj`` (q_a_proj and
+# kv_a_proj_with_mqa, built with ``disable_tp=True``), the MoE router (a
+# ``ReplicatedLinear``) and every RMSNorm weight.
+_REPLICATED_MODULES = (".q_a_proj.", ".kv_a_proj_with_mqa.")
 
 
-def _replicated_under_tp(cfg: ModelConfig) -> int:
-    """Weights vLLM keeps whole on every TP rank of a DeepSeek model.
+def _routed(group: WeightGroup) -> bool:
+    """Routed experts: the tensors stored once per expert."""
+    return group.copies_per_layer > 1
 
-    ``fused_qkv_a_proj`` (``q_a_proj`` + ``kv_a_proj_with_mqa``, ``disable_tp=True``)
-    and the MoE router (replicated), vllm/model_executor/models/deepseek_v2.py.
-    """
-    replicated = 0
-    if cfg.mla is not None:
-        shape = MLAShape.from_config(cfg)
-        replicated += (
-            cfg.num_hidden_layers * cfg.hidden_size * ((shape.q_lora_rank or 0) + shape.latent_dim)
-        )
-    if cfg.moe is not None:
-        replicated += sum(cfg.moe.moe_layers) * cfg.moe.num_experts * cfg.hidden_size
-    return replicated
+
+def _replicated_under_tp(group: WeightGroup) -> bool:
+    if group.role in ("router", "norm"):
+        return True
+    return any(name in group.module for name in _REPLICATED_MODULES)
+
+
+def _bytes(cfg: ModelConfig, groups: Sequence[WeightGroup], weight_dtype: str | None) -> int:
+    """Bytes of ``groups`` at ``weight_dtype``, or as the checkpoint ships them (None)."""
+    if weight_dtype is not None:
+        return bytes_for(sum(g.count for g in groups), weight_dtype)
+    base = check_dtype(cfg.dtype or "bf16")
+    if cfg.quantization is None:
+        return bytes_for(sum(g.count for g in groups), base)
+    shipped = shipped_bytes(groups, cfg.quantization, base)
+    if shipped.bytes is None:
+        raise ConfigError(shipped.note)
+    return shipped.bytes
 
 
 def weight_bytes_per_gpu(
-    cfg: ModelConfig, gpus: int, weight_dtype: str = "bf16", attention: AttentionParallel = "tp"
+    cfg: ModelConfig,
+    gpus: int,
+    weight_dtype: str | None = "bf16",
+    attention: AttentionParallel = "tp",
 ) -> int:
     """Weight bytes on each of ``gpus`` GPUs serving one copy of the model.
 
-    ``"tp"`` (vLLM ``-tp N``): every matrix split N ways except the replicated
-    ones above. ``"dp"`` (``-dp N --enable-expert-parallel``): routed experts split
-    N ways, everything else (attention, shared experts, dense MLPs, embeddings) whole
-    on every GPU. Norms are counted as split (a few MB). Quantization scales are left out.
+    ``weight_dtype`` is a precision for every weight (``"fp8"``: one byte each, no
+    scales) or None for the checkpoint as it ships, scales included. ``"tp"``
+    (vLLM ``-tp N``): every tensor split N ways except those vLLM replicates
+    (``fused_qkv_a_proj``, the router, the norms). ``"dp"`` (``-dp N
+    --enable-expert-parallel``): the routed experts split N ways, everything else
+    (attention, shared experts, dense MLPs, embeddings, LM head) whole on every GPU.
     """
     require_int(gpus, "gpus", 1)
     if attention not in ("tp", "dp"):
         raise ValueError(f"attention must be 'tp' or 'dp', got {attention!r}")
-    total = param_count(cfg)
+    if weight_dtype is not None:
+        check_dtype(weight_dtype)
+    groups = weight_groups(cfg)
     if attention == "dp":
-        routed = _routed_expert_params(cfg)
-        return bytes_for(total - routed + -(-routed // gpus), weight_dtype)
-    replicated = _replicated_under_tp(cfg)
-    return bytes_for(-(-(total - replicated) // gpus) + replicated, weight_dtype)
+        whole = [g for g in groups if not _routed(g)]
+        split = [g for g in groups if _routed(g)]
+    else:
+        whole = [g for g in groups if _replicated_under_tp(g)]
+        split = [g for g in groups if not _replicated_under_tp(g)]
+    return _bytes(cfg, whole, weight_dtype) + -(-_bytes(cfg, split, weight_dtype) // gpus)
 
 
 def node_seats(
@@ -81,17 +101,19 @@ def node_seats(
     context_tokens: int,
     *,
     kv_dtype: str = "bf16",
-    weight_dtype: str = "bf16",
+    weight_dtype: str | None = "bf16",
     attention: AttentionParallel = "tp",
     gpu_memory_utilization: float = 0.9,
 ) -> int:
     """Sequences of ``context_tokens`` that ``gpus`` GPUs hold at once.
 
-    Each GPU gives ``memory x utilization - weights`` to the cache. Under TP every
-    sequence has a share on every GPU (:func:`kvlib.deploy.kv_bytes_per_gpu`: KV
-    heads split, an MLA latent whole on each), so the node holds what one GPU holds;
-    under DP attention a sequence lives on one GPU, so the node holds ``gpus`` times
-    one GPU's seats. 0 when the weights leave no room.
+    Each GPU gives ``memory x utilization - weights`` to the cache (``memory`` as
+    the driver reports it; the activation workspace an engine also reserves is left
+    out, so this is an upper bound). Under TP every sequence has a share on every
+    GPU (:func:`kvlib.deploy.kv_bytes_per_gpu`: KV heads split, an MLA latent
+    whole on each), so the node holds what one GPU holds; under DP attention a
+    sequence lives on one GPU, so the node holds ``gpus`` times one GPU's seats.
+    0 when the weights leave no room.
     """
     require_fraction(gpu_memory_utilization, "gpu_memory_utilization")
     require_int(context_tokens, "context_tokens", 1)

@@ -26,6 +26,7 @@ import torch
 
 __all__ = [
     "FLOAT_SLACK",
+    "SMALLEST_SCALE",
     "QuantError",
     "Quantized",
     "check_input",
@@ -36,6 +37,13 @@ __all__ = [
 # Relative slack for the quantizer's own float32 arithmetic (x / s and q * s
 # each round once): a few units in the last place of float32 (2**-23).
 FLOAT_SLACK = 2.0**-20
+
+# The smallest scale a quantizer computes: float32's smallest normal number, 2**-126.
+# Below it a scale would be subnormal (a few significant bits, so x / s would be far off)
+# or zero (x / s would be NaN). A tensor whose values are all tinier than the format's
+# top code times this floor is quantized on the floor: a coarser grid than its range
+# asks for, still within the half-step bound of that grid.
+SMALLEST_SCALE = float(torch.finfo(torch.float32).tiny)
 
 _INPUT_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
 

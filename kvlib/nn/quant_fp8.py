@@ -30,7 +30,7 @@ from typing import Literal
 
 import torch
 
-from kvlib.nn.quant import FLOAT_SLACK, check_input, tensor_bytes
+from kvlib.nn.quant import FLOAT_SLACK, SMALLEST_SCALE, check_input, tensor_bytes
 
 __all__ = ["FP8_MAX", "Fp8Scaled", "Granularity", "quantize_fp8"]
 
@@ -102,8 +102,12 @@ def quantize_fp8(
 
 
 def _from_amax(amax: torch.Tensor) -> torch.Tensor:
-    """``max|x| / 448``: the largest value lands on the largest code (1 for an all-zero x)."""
-    return torch.where(amax > 0, amax / FP8_MAX, torch.ones_like(amax))
+    """``max|x| / 448``: the largest value lands on the largest code (1 for an all-zero x).
+
+    Never below :data:`kvlib.nn.quant.SMALLEST_SCALE`, float32's smallest normal number.
+    """
+    scale = (amax / FP8_MAX).clamp(min=SMALLEST_SCALE)
+    return torch.where(amax > 0, scale, torch.ones_like(amax))
 
 
 def _static_scale(scale: float | torch.Tensor) -> torch.Tensor:

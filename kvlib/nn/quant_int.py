@@ -16,7 +16,9 @@ Both grids are uniform, so every element in range lands within half a step of
 the original: ``|x_hat - x| <= s / 2``. Keeping 0 inside the int4 range (as
 GPTQ's quantizer does) makes the zero point a valid code and 0 exact.
 Scales are stored in ``scale_dtype`` (fp16 by default for int4, as GPTQ and
-AWQ checkpoints do; fp32 for int8), rounded *up* so the range is still covered.
+AWQ checkpoints do; fp32 for int8), rounded *up* so the range is still covered,
+and never below :data:`kvlib.nn.quant.SMALLEST_SCALE` (float32's smallest normal
+number), so a range of subnormal values never gets a zero or inexact scale.
 Codes are packed two per byte: column ``2j`` in the low nibble, ``2j + 1`` in
 the high one; zero points are packed the same way.
 """
@@ -27,7 +29,7 @@ from dataclasses import dataclass
 
 import torch
 
-from kvlib.nn.quant import FLOAT_SLACK, check_input, tensor_bytes
+from kvlib.nn.quant import FLOAT_SLACK, SMALLEST_SCALE, check_input, tensor_bytes
 
 __all__ = [
     "Int4Grouped",
@@ -73,7 +75,7 @@ def quantize_int8(x: torch.Tensor, *, axis: int = 0) -> Int8PerChannel:
     axis %= x.dim()
     others = [d for d in range(x.dim()) if d != axis]
     amax = x.abs().amax(dim=others, keepdim=True)
-    scale = torch.where(amax > 0, amax / 127, torch.ones_like(amax))  # an all-zero channel: any
+    scale = torch.where(amax > 0, (amax / 127).clamp(min=SMALLEST_SCALE), torch.ones_like(amax))
     codes = torch.round(x / scale).clamp(-127, 127).to(torch.int8)
     return Int8PerChannel(codes=codes, scale=scale, axis=axis)
 
@@ -138,7 +140,8 @@ def quantize_int4(
     grouped = x.reshape(rows, cols // group_size, group_size)  # (rows, groups, group_size)
     lo = grouped.amin(dim=-1).clamp(max=0)
     hi = grouped.amax(dim=-1).clamp(min=0)
-    scale = _round_up((hi - lo) / 15, scale_dtype)
+    span = hi - lo
+    scale = _round_up(torch.where(span > 0, (span / 15).clamp(min=SMALLEST_SCALE), 0), scale_dtype)
     step = scale.to(torch.float32)
     zeros = torch.round(-lo / step).clamp(0, 15)
     codes = torch.round(grouped / step.unsqueeze(-1) + zeros.unsqueeze(-1)).clamp(0, 15)

@@ -23,10 +23,9 @@ closed recursion (Lindley, 1952): ``W[n+1] = max(0, W[n] + S[n] - A[n+1])``,
 which unrolls to the random walk ``X`` minus its running minimum, computed
 by numpy without a Python loop.
 
-:func:`batch_means` turns a long, autocorrelated run into a confidence
-interval: cut it into contiguous batches (after a warm-up), compute the
-statistic per batch, and treat the batch values as roughly independent
-(A. M. Law, *Simulation Modeling and Analysis*, 5th ed., ch. 9, batch means).
+:func:`batch_means`, :class:`Estimate` and :func:`t_quantile`, which turn a long,
+autocorrelated run into a confidence interval, live in
+:mod:`kvlib.serving.estimate` and are re-exported here.
 """
 
 from __future__ import annotations
@@ -35,13 +34,13 @@ import heapq
 import math
 from collections import deque
 from dataclasses import dataclass
-from statistics import NormalDist
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
 from kvlib.serving.bucket import TokenBucket
+from kvlib.serving.estimate import Estimate, batch_means, t_quantile
 
 __all__ = [
     "Estimate",
@@ -251,70 +250,3 @@ def lindley_waits(interarrival_s: Floats, service_s: Floats) -> Floats:
     walk = np.concatenate(([0.0], np.cumsum(steps)))
     waits: Floats = walk - np.minimum.accumulate(walk)
     return waits
-
-
-def t_quantile(p: float, df: int) -> float:
-    """Student's t quantile by the Cornish-Fisher expansion (Abramowitz & Stegun 26.7.5).
-
-    Within 2e-4 of the tables for ``df >= 9`` at ``p <= 0.995``.
-    """
-    if df < 9:
-        raise ValueError(f"t_quantile needs df >= 9 for its accuracy, got {df}")
-    z = NormalDist().inv_cdf(p)
-    terms = (
-        (z**3 + z) / 4,
-        (5 * z**5 + 16 * z**3 + 3 * z) / 96,
-        (3 * z**7 + 19 * z**5 + 17 * z**3 - 15 * z) / 384,
-        (79 * z**9 + 776 * z**7 + 1482 * z**5 - 1920 * z**3 - 945 * z) / 92160,
-    )
-    return z + sum(term / float(df) ** (k + 1) for k, term in enumerate(terms))
-
-
-@dataclass(frozen=True)
-class Estimate:
-    """A simulated statistic and its confidence interval ``value +- half_width``."""
-
-    value: float
-    half_width: float
-    confidence: float
-    batches: int
-
-    @property
-    def low(self) -> float:
-        return self.value - self.half_width
-
-    @property
-    def high(self) -> float:
-        return self.value + self.half_width
-
-    def contains(self, x: float) -> bool:
-        """Whether ``x`` lies inside the interval."""
-        return self.low <= x <= self.high
-
-
-def batch_means(
-    values: Floats,
-    *,
-    q: float | None = None,
-    batches: int = 20,
-    confidence: float = 0.95,
-    warmup_fraction: float = 0.05,
-) -> Estimate:
-    """The mean (or ``q``-quantile) of ``values`` with a batch-means confidence interval.
-
-    Drops the first ``warmup_fraction`` (the pool starts empty), cuts the rest
-    into ``batches`` contiguous batches, computes the statistic per batch, and
-    returns their mean +- ``t(confidence, batches - 1) * sd / sqrt(batches)``.
-    A quantile that sits at the atom of zero waits (``P(W > 0)`` near ``1 - q``)
-    is poorly estimated this way: each batch's quantile jumps between 0 and a
-    positive value. Compare such quantiles through ``P(W > t)`` instead.
-    """
-    if batches < 10:
-        raise ValueError(f"batches must be at least 10, got {batches}")
-    data = np.asarray(values, dtype=float)[int(len(values) * warmup_fraction) :]
-    if len(data) < 10 * batches:
-        raise ValueError(f"{len(data)} values after warm-up are too few for {batches} batches")
-    parts = np.array_split(data, batches)
-    stats = np.array([np.quantile(p, q) if q is not None else p.mean() for p in parts])
-    half = t_quantile(0.5 + confidence / 2, batches - 1) * stats.std(ddof=1) / math.sqrt(batches)
-    return Estimate(float(stats.mean()), float(half), confidence, batches)

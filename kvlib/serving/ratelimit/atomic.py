@@ -1,78 +1,44 @@
-"""Token-bucket rate limits shared by every gateway, through Redis.
+"""Token buckets in Redis, checked and charged by one Lua script.
 
-A provider runs many gateway processes, and a customer's requests land on any
-of them, so the bucket of :mod:`kvlib.serving.bucket` (same rule, same
-formulas) must live where all of them see it, and be checked and charged in
-one step:
-
-- :class:`RedisTokenBucket` and :class:`RedisRateLimiter`: the state lives in
-  Redis and one Lua script reads, refills (to the server's clock, ``TIME``),
-  decides and writes it. Redis runs a script to completion before any other
-  command, so concurrent gateways can never spend the same tokens twice.
-  :class:`RedisRateLimiter` checks a request bucket (RPM) and a token bucket
-  (TPM) together: a request is admitted on its *estimated* tokens, charged to
-  both buckets or to neither, and :meth:`~RedisRateLimiter.complete`
-  reconciles the estimate with the tokens the reply actually used.
-- :class:`NaiveRedisTokenBucket`: GET the state, decide in Python, SET it back.
-  Two gateways that GET between each other's GET and SET both spend the same
-  tokens. It is kept only to show that race; never use it.
-
-When Redis is unreachable or does not answer within the timeout, the Redis
-limiters fail *closed* by default: they raise :class:`LimiterUnavailableError`
-naming the server's address, and the gateway must refuse the request (503, not
-429: the client did nothing wrong). ``fail_open=True`` admits instead and marks
-the decision ``degraded``: right for a free tier you would rather serve
-unmetered than refuse during a Redis outage, wrong for anything billed. No
-retries: a retried script that had in fact run would charge twice.
-
-The in-process :class:`TokenBucket`, :class:`Decision`, :func:`per_minute` and
-:func:`burst_admits` are re-exported from :mod:`kvlib.serving.bucket`.
-``redis`` is imported inside the Redis classes only, so importing this module
-needs nothing beyond the standard library.
+Redis runs a script to completion before it serves any other command, so a
+script that reads a bucket, refills it to the server's clock (``TIME``), decides
+and writes it back cannot be interleaved with another gateway's: concurrent
+gateways never spend the same tokens twice. :class:`RedisTokenBucket` is one
+bucket; :class:`RedisRateLimiter` checks a request bucket (RPM) and an LLM-token
+bucket (TPM) together, charging both or neither, and settles the token estimate
+when the reply is done. The rule, and its formulas, are those of
+:mod:`kvlib.serving.bucket`.
 """
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from kvlib.serving.bucket import (
     EPSILON_TOKENS,
     Decision,
-    TokenBucket,
-    burst_admits,
     check_cost,
     per_minute,
     require_positive,
     settlement,
 )
+from kvlib.serving.ratelimit.connection import (
+    DEFAULT_TIMEOUT_S,
+    LimiterUnavailableError,
+    address,
+    connect,
+)
 
 if TYPE_CHECKING:
     import redis
 
-__all__ = [
-    "Decision",
-    "LimiterUnavailableError",
-    "NaiveRedisTokenBucket",
-    "RedisRateLimiter",
-    "RedisTokenBucket",
-    "TokenBucket",
-    "burst_admits",
-    "per_minute",
-]
-
-_DEFAULT_TIMEOUT_S = 0.25
-
-
-class LimiterUnavailableError(ConnectionError):
-    """Redis did not answer: the limiter cannot decide (fail closed: refuse the request)."""
-
+__all__ = ["LUA_SCRIPT", "RedisRateLimiter", "RedisTokenBucket"]
 
 # One script for every Redis limiter: refill each bucket to now, then either charge all
 # buckets their cost (mode 'take': only if every bucket holds it) or add a signed amount
 # to them (mode 'adjust': reconciling an estimate, never refused, may go negative).
-_LUA = """
+LUA_SCRIPT = """
 local now = tonumber(ARGV[1])
 if now == nil then
   local t = redis.call('TIME')
@@ -111,29 +77,6 @@ return out
 """.replace("EPSILON", repr(EPSILON_TOKENS))
 
 
-def _address(client: redis.Redis) -> str:
-    kwargs: dict[str, Any] = client.connection_pool.connection_kwargs
-    if "path" in kwargs:
-        return f"unix:{kwargs['path']}"
-    return f"{kwargs.get('host', 'localhost')}:{kwargs.get('port', 6379)}"
-
-
-def _connect(client: redis.Redis | str, timeout_s: float) -> redis.Redis:
-    """``client`` itself, or a new client for a ``redis://`` URL with short timeouts, no retries."""
-    import redis as redis_py
-    from redis.backoff import NoBackoff
-    from redis.retry import Retry
-
-    if isinstance(client, str):
-        return redis_py.Redis.from_url(
-            client,
-            socket_timeout=timeout_s,
-            socket_connect_timeout=timeout_s,
-            retry=Retry(NoBackoff(), 0),
-        )
-    return client
-
-
 class _Buckets:
     """Buckets charged together by the Lua script (one Redis hash each)."""
 
@@ -147,7 +90,7 @@ class _Buckets:
         clock: Callable[[], float] | None,
         timeout_s: float,
     ) -> None:
-        self.client = _connect(client, require_positive("timeout_s", timeout_s))
+        self.client = connect(client, require_positive("timeout_s", timeout_s))
         self.keys = list(keys)
         self.limits = [
             (require_positive("capacity", c), require_positive("refill_per_s", r))
@@ -155,7 +98,7 @@ class _Buckets:
         ]
         self.fail_open = fail_open
         self.clock = clock
-        self.script = self.client.register_script(_LUA)
+        self.script = self.client.register_script(LUA_SCRIPT)
 
     def run(self, mode: str, costs: Sequence[float]) -> tuple[bool, float, list[float]]:
         """(admitted, seconds to wait, tokens per bucket) after the script ran."""
@@ -169,7 +112,7 @@ class _Buckets:
             reply = self.script(keys=self.keys, args=args)
         except (redis_py.ConnectionError, redis_py.TimeoutError) as err:
             raise LimiterUnavailableError(
-                f"rate limiter: Redis at {_address(self.client)} did not answer ({err}). "
+                f"rate limiter: Redis at {address(self.client)} did not answer ({err}). "
                 + (
                     "Failing open: the request is admitted unmetered."
                     if self.fail_open
@@ -218,7 +161,7 @@ class RedisTokenBucket:
         *,
         fail_open: bool = False,
         clock: Callable[[], float] | None = None,
-        timeout_s: float = _DEFAULT_TIMEOUT_S,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
     ) -> None:
         self._buckets = _Buckets(
             client, [key], [(capacity, refill_per_s)], fail_open=fail_open, clock=clock,
@@ -264,7 +207,7 @@ class RedisRateLimiter:
         token_burst: float | None = None,
         fail_open: bool = False,
         clock: Callable[[], float] | None = None,
-        timeout_s: float = _DEFAULT_TIMEOUT_S,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
     ) -> None:
         rpm = require_positive("requests_per_minute", requests_per_minute)
         tpm = require_positive("tokens_per_minute", tokens_per_minute)
@@ -288,43 +231,3 @@ class RedisRateLimiter:
         Returns the token bucket's tokens after (``None``: Redis unreachable, failing open).
         """
         return self._buckets.adjust([0.0, settlement(estimated_tokens, actual_tokens)], 1)
-
-
-class NaiveRedisTokenBucket:
-    """The racy bucket: GET the state, decide here, SET it back. For teaching only.
-
-    Between this client's GET and SET another client can GET the same state,
-    and both spend the same tokens: under concurrent gateways it admits more
-    than the limit. The window is two network round trips plus the Python in
-    between; nothing is added to widen it.
-    """
-
-    def __init__(
-        self,
-        client: redis.Redis | str,
-        key: str,
-        capacity: float,
-        refill_per_s: float,
-        *,
-        clock: Callable[[], float] = time.time,
-        timeout_s: float = _DEFAULT_TIMEOUT_S,
-    ) -> None:
-        self.client = _connect(client, require_positive("timeout_s", timeout_s))
-        self.key = key
-        self.capacity = require_positive("capacity", capacity)
-        self.refill_per_s = require_positive("refill_per_s", refill_per_s)
-        self.clock = clock
-
-    def try_acquire(self, cost: float = 1.0) -> Decision:
-        """GET, refill, decide, SET: correct alone, wrong under concurrency."""
-        cost = check_cost(cost, self.capacity)
-        now = self.clock()
-        raw = self.client.get(self.key)
-        tokens, last = (self.capacity, now) if raw is None else map(float, raw.split())
-        tokens = min(self.capacity, tokens + max(0.0, now - last) * self.refill_per_s)
-        admitted = tokens + EPSILON_TOKENS >= cost
-        if admitted:
-            tokens -= cost
-        self.client.set(self.key, f"{tokens!r} {max(now, last)!r}")
-        wait_s = 0.0 if admitted else (cost - tokens) / self.refill_per_s
-        return Decision(admitted, tokens, wait_s)
