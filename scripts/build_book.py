@@ -212,10 +212,12 @@ def warm_matplotlib() -> None:
 
 
 def kvlib_fingerprint() -> str:
-    """SHA-256 over kvlib's Python sources and bundled configs (paths and contents)."""
+    """SHA-256 over kvlib's Python sources and bundled configs, and the data files pages
+    read (``book/*/data/``), paths and contents: Sphinx tracks only the pages themselves."""
     digest = hashlib.sha256()
     kvlib_dir = ROOT / "kvlib"
     files = sorted(p for p in kvlib_dir.rglob("*") if p.suffix in {".py", ".json"})
+    files += sorted(p for p in (ROOT / "book").glob("*/data/**/*") if p.is_file())
     for path in files:
         digest.update(path.relative_to(ROOT).as_posix().encode())
         digest.update(b"\0")
@@ -239,21 +241,79 @@ def remote_assets(html_dir: Path) -> list[str]:
     return problems
 
 
+# jupyter-book's CLI has no --jobs; Sphinx reads (and myst-nb executes) pages in
+# parallel processes when build_sphinx is given jobs > 1.
+_PARALLEL_CLI = """
+import sys
+import jupyter_book.sphinx as sphinx_module
+jobs = int(sys.argv.pop(1))
+original = sphinx_module.build_sphinx
+def build_sphinx(*args, **kwargs):
+    kwargs["jobs"] = jobs
+    return original(*args, **kwargs)
+sphinx_module.build_sphinx = build_sphinx
+# Two extensions jupyter-book loads do not declare parallel safety, which would make
+# Sphinx read serially (and warn): sphinx_multitoc_numbering renumbers sections
+# after reading, in the main process; sphinx_jupyterbook_latex acts on LaTeX builds.
+from sphinx.application import Sphinx
+is_parallel_allowed = Sphinx.is_parallel_allowed
+def allowed(self, typ):
+    for name in ("sphinx_multitoc_numbering", "sphinx_jupyterbook_latex"):
+        extension = self.extensions.get(name)
+        if extension is not None and extension.parallel_read_safe is None:
+            extension.parallel_read_safe = True
+            extension.parallel_write_safe = True
+    return is_parallel_allowed(self, typ)
+Sphinx.is_parallel_allowed = allowed
+sys.argv[0] = "jupyter-book"
+from jupyter_book.cli.main import main
+main()
+"""
+
+
+def build_jobs() -> int:
+    """Parallel Sphinx readers: ``$KVLIB_BOOK_JOBS``, else one per CPU core."""
+    value = os.environ.get("KVLIB_BOOK_JOBS", "")
+    return int(value) if value.isdecimal() and int(value) > 0 else (os.cpu_count() or 1)
+
+
 def jupyter_book_command(
-    source: Path, rebuild_all: bool, output: Path | None = None, toc: Path | None = None
+    source: Path,
+    rebuild_all: bool,
+    output: Path | None = None,
+    toc: Path | None = None,
+    config: Path | None = None,
 ) -> list[str]:
     """The jupyter-book CLI of this Python environment, with warnings as errors."""
-    executable = Path(sys.executable).parent / "jupyter-book"
-    command = [str(executable)] if executable.is_file() else [
-        sys.executable, "-c", "from jupyter_book.cli.main import main; main()"]
+    command = [sys.executable, "-c", _PARALLEL_CLI, str(build_jobs())]
     command += ["build", str(source), "--builder", "html", "-W", "-n", "--keep-going"]
     if output is not None:
         command += ["--path-output", str(output)]
     if toc is not None:
         command += ["--toc", str(toc)]
+    if config is not None:
+        command += ["--config", str(config)]
     if rebuild_all:
         command.append("--all")
     return command
+
+
+def chapter_config(source: Path, output: Path) -> Path:
+    """The book's _config.yml, where a link to a page this build leaves out is no warning.
+
+    Pages link across chapters; a one-chapter build omits the others, so only the
+    full build (which keeps every warning) checks those links.
+    """
+    import yaml
+
+    config = yaml.safe_load((source / "_config.yml").read_text(encoding="utf-8"))
+    sphinx = config.setdefault("sphinx", {}).setdefault("config", {})
+    sphinx["suppress_warnings"] = [*sphinx.get("suppress_warnings", []), "myst.xref_missing",
+                                   "ref.doc"]  # fmt: skip
+    output.mkdir(parents=True, exist_ok=True)
+    path = output / "_config.yml"
+    path.write_text(yaml.safe_dump(config, sort_keys=False), encoding="utf-8")
+    return path
 
 
 def chapter_toc(source: Path, chapter: str, output: Path) -> Path:
@@ -288,10 +348,12 @@ def main(argv: list[str] | None = None) -> int:
     source = args.source.resolve()
     output: Path | None = None
     toc: Path | None = None
+    config: Path | None = None
     build_dir = source / "_build"
     if args.chapter:
         output = source / "_build" / "chapters" / args.chapter
         toc = chapter_toc(source, args.chapter, output)
+        config = chapter_config(source, output)
         build_dir = output / "_build"
     html_dir = build_dir / "html"
     stamp = build_dir / KVLIB_STAMP_NAME
@@ -311,8 +373,8 @@ def main(argv: list[str] | None = None) -> int:
     # Pages import kvlib from this checkout even where it is not pip-installed.
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
-    result = subprocess.run(jupyter_book_command(source, rebuild_all, output, toc), cwd=source,
-                            env=env, check=False)
+    command = jupyter_book_command(source, rebuild_all, output, toc, config)
+    result = subprocess.run(command, cwd=source, env=env, check=False)
     if result.returncode != 0:
         print(f"build_book: jupyter-book failed with exit status {result.returncode}",
               file=sys.stderr)
