@@ -17,7 +17,7 @@ from kvlib.hardware import GPUSpec
 from kvlib.layouts import weight_groups
 from kvlib.params import expert_weight_bytes, weight_bytes
 from kvlib.sizing import kv_bytes_by_layer, max_context_tokens
-from kvlib.specs import CacheSpec, ChunkedLocal, LinearState, MLALatent, SharedKV
+from kvlib.specs import CacheSpec
 
 __all__ = [
     "PrefillFlops",
@@ -211,22 +211,10 @@ def matmul_params(cfg: ModelConfig) -> tuple[int, int]:
 
 
 def attention_pairs(spec: CacheSpec, prompt_tokens: int) -> int:
-    """(query, key) pairs a causal layer scores over a prompt of ``T`` tokens.
-
-    Query ``i`` (1-based) sees ``i`` keys: ``T (T + 1) / 2`` in all. In a window of
-    ``W`` keys (itself and ``W - 1`` before it, as the cache keeps) it sees
-    ``min(i, W)``; in a chunk of ``C`` tokens only its own chunk's earlier keys.
-    """
-    t = require_int(prompt_tokens, "prompt_tokens")
-    if isinstance(spec, ChunkedLocal):
-        full, rest = divmod(t, spec.chunk)
-        return full * spec.chunk * (spec.chunk + 1) // 2 + rest * (rest + 1) // 2
-    if isinstance(spec, LinearState | SharedKV) or (
-        isinstance(spec, MLALatent) and spec.indexer_head_dim  # top-k sparse attention
-    ):
-        raise ValueError(f"kvlib does not count the attention FLOPs of a {spec.kind} layer")
-    window = t if spec.cap_tokens is None else min(t, spec.cap_tokens + 1)
-    return window * (window + 1) // 2 + (t - window) * window
+    """(query, key) pairs a causal layer scores over a prompt of ``T`` tokens
+    (:meth:`kvlib.specs.CacheSpec.attention_pairs`: ``T (T + 1) / 2`` for full
+    attention, ``min(i, W)`` keys a query in a window, its own chunk's in a chunk)."""
+    return spec.attention_pairs(prompt_tokens)
 
 
 def prefill_attention_flops(cfg: ModelConfig, prompt_tokens: int) -> int:
@@ -236,15 +224,11 @@ def prefill_attention_flops(cfg: ModelConfig, prompt_tokens: int) -> int:
     MLA prefill runs on decompressed heads (vLLM's MLA prefill path): keys of
     ``qk_nope + qk_rope`` and values of ``v_head_dim`` per head.
     """
-    total = 0
-    for spec in cfg.layers:
-        heads, key_dim, value_dim = cfg.num_attention_heads, cfg.head_dim, cfg.head_dim
-        if isinstance(spec, MLALatent):
-            heads = spec.num_heads
-            key_dim = spec.qk_nope_head_dim + spec.qk_rope_head_dim
-            value_dim = spec.v_head_dim
-        total += attention_pairs(spec, prompt_tokens) * heads * 2 * (key_dim + value_dim)
-    return total
+    return sum(
+        spec.attention_pairs(prompt_tokens)
+        * spec.attention_flops_per_pair(cfg.num_attention_heads, cfg.head_dim)
+        for spec in cfg.layers
+    )
 
 
 def prefill_flops(cfg: ModelConfig, prompt_tokens: int, *, logits_tokens: int = 1) -> PrefillFlops:

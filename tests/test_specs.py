@@ -163,3 +163,54 @@ def test_every_bundled_layer_is_a_spec() -> None:
              load_config(name).layers}  # fmt: skip
     assert kinds == {specs.SlidingWindow, specs.FullAttention, specs.MLALatent}
     assert all(isinstance(k.kind, str) for k in kinds)
+
+
+@given(st.integers(0, 3000), st.integers(2, 600))
+def test_attention_pairs_count_what_each_query_sees(tokens: int, window: int) -> None:
+    """Pairs summed query by query: min(i, W) keys in a window, its own chunk's in a chunk."""
+    full = specs.FullAttention(8, 128)
+    sliding = specs.SlidingWindow(8, 128, window)
+    chunked = specs.ChunkedLocal(8, 128, window)
+    queries = range(1, tokens + 1)
+    assert full.attention_pairs(tokens) == sum(queries)
+    assert sliding.attention_pairs(tokens) == sum(min(i, window) for i in queries)
+    assert chunked.attention_pairs(tokens) == sum((i - 1) % window + 1 for i in queries)
+
+
+def test_attention_flops_per_pair() -> None:
+    assert specs.FullAttention(8, 128).attention_flops_per_pair(32, 128) == 32 * 2 * 256
+    latent = v32_layer(indexer_head_dim=0)
+    assert latent.attention_flops_per_pair(1, 1) == 128 * 2 * (192 + 128)  # decompressed
+    assert latent.decode_flops_per_key(1, 1) == 128 * 2 * (2 * 512 + 64)  # absorbed
+    with pytest.raises(ValueError, match="sparse"):
+        v32_layer().attention_pairs(10)
+    with pytest.raises(ValueError, match="linear"):
+        specs.LinearState(1, 1).attention_pairs(10)
+
+
+@pytest.mark.parametrize(
+    ("spec", "tokens", "held", "budget"),
+    [
+        # vLLM budgets: cdiv(T, B); sliding cdiv(min(W - 1 + batched, T), B) + 1;
+        # chunked cdiv(min(C + batched, T), B). Held at a time: the window straddles
+        # at most cdiv(W - 1, B) + 1 blocks, a chunk cdiv(C, B).
+        (specs.FullAttention(8, 128), 1000, 63, 63),
+        (specs.SlidingWindow(8, 128, 128), 1000, 9, 64),
+        (specs.SlidingWindow(8, 128, 128), 100, 7, 8),
+        (specs.ChunkedLocal(8, 128, 64), 1000, 4, 63),
+        (specs.SharedKV(), 1000, 0, 0),
+    ],
+)
+def test_blocks_held_and_budgeted(spec: specs.CacheSpec, tokens: int, held: int,
+                                  budget: int) -> None:  # fmt: skip
+    assert spec.held_blocks(tokens, 16) == held
+    if spec.vllm_page_type() is not None:
+        assert spec.vllm_blocks_per_request(tokens, 16, 8192) == budget
+
+
+def test_page_types_group_layers_as_vllm_does() -> None:
+    assert specs.FullAttention(8, 128).vllm_page_type() == v32_layer().vllm_page_type()
+    assert specs.SlidingWindow(8, 128, 4096).vllm_page_type() == ("sliding", 4096)
+    assert specs.SharedKV().vllm_page_type() is None
+    with pytest.raises(ValueError, match="MambaSpec"):
+        specs.LinearState(1, 1).vllm_page_type()

@@ -1,0 +1,130 @@
+"""Attention caches with heads: full, sliding-window and chunked-local layers."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from fractions import Fraction
+from typing import ClassVar
+
+from kvlib.checks import require_int
+from kvlib.dtypes import bytes_for
+from kvlib.specs.base import CacheSpec
+
+__all__ = ["ChunkedLocal", "FullAttention", "SlidingWindow"]
+
+
+@dataclass(frozen=True)
+class _Heads(CacheSpec):
+    """Keys and values of ``num_kv_heads`` heads of ``head_dim`` each, per token."""
+
+    num_kv_heads: int
+    head_dim: int
+
+    def __post_init__(self) -> None:
+        require_int(self.num_kv_heads, "num_kv_heads", 1)
+        require_int(self.head_dim, "head_dim", 1)
+
+    def bytes_per_token(self, dtype: str) -> int:
+        """``2 x H_kv x d x b``: a key and a value per KV head (AttentionSpec in vLLM)."""
+        return bytes_for(2 * self.num_kv_heads * self.head_dim, dtype)
+
+    def page_bytes(self, block_size: int, dtype: str) -> int:
+        """``2 x block_size x H_kv x d x b`` (vLLM ``AttentionSpec.real_page_size_bytes``)."""
+        require_int(block_size, "block_size", 1)
+        return bytes_for(2 * block_size * self.num_kv_heads * self.head_dim, dtype)
+
+    @property
+    def kv_heads(self) -> int:
+        return self.num_kv_heads
+
+    def tp_share(self, tp: int) -> Fraction:
+        """``max(1, H_kv / tp) / H_kv``: heads split, one replicated per GPU past ``H_kv``."""
+        return Fraction(max(1, self.num_kv_heads // tp), self.num_kv_heads)
+
+
+@dataclass(frozen=True)
+class FullAttention(_Heads):
+    """Standard (MHA/GQA/MQA) attention: every token's key and value."""
+
+    kind: ClassVar[str] = "full"
+
+
+@dataclass(frozen=True)
+class SlidingWindow(_Heads):
+    """A window of ``window`` tokens: the cache keeps the last ``window - 1``.
+
+    The next token attends to itself and the ``W - 1`` before it, so older
+    keys are dropped (transformers ``DynamicSlidingWindowLayer`` slices
+    ``[-sliding_window + 1:]``).
+    """
+
+    window: int
+    kind: ClassVar[str] = "sliding"
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        require_int(self.window, "window", 2)
+
+    @property
+    def cap_tokens(self) -> int:
+        return self.window - 1
+
+    def held_blocks(self, tokens: int, block_size: int) -> int:
+        """The ``W - 1`` kept tokens straddle at most ``cdiv(W - 1, B) + 1`` blocks; vLLM
+        frees the rest (``SlidingWindowManager.remove_skipped_blocks``)."""
+        every = super().held_blocks(tokens, block_size)
+        return min(every, -(-(self.window - 1) // block_size) + 1)
+
+    def vllm_blocks_per_request(
+        self, max_model_len: int, block_size: int, max_num_batched_tokens: int
+    ) -> int:
+        """``cdiv(min(W - 1 + batched, max_model_len), B) + 1`` (vLLM ``SlidingWindowSpec``:
+        +1 because the window may start mid-block)."""
+        tokens = min(self.window - 1 + max_num_batched_tokens, max_model_len)
+        return -(-tokens // block_size) + 1
+
+    def vllm_page_type(self) -> tuple[str, int | None]:
+        return ("sliding", self.window)
+
+    def layout_note(self, dtype: str) -> str:
+        return (
+            "windowed layers hold min(T, W - 1) tokens (transformers); a paged engine "
+            "reserves whole blocks (vLLM budgets cdiv(W - 1 + batched tokens, block) + 1 "
+            "blocks a sliding layer)"
+        )
+
+
+@dataclass(frozen=True)
+class ChunkedLocal(_Heads):
+    """Llama 4's chunked attention: transformers caches a chunk like a window of ``chunk``."""
+
+    chunk: int
+    kind: ClassVar[str] = "chunked"
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        require_int(self.chunk, "chunk", 2)
+
+    @property
+    def cap_tokens(self) -> int:
+        return self.chunk - 1
+
+    def attention_pairs(self, prompt_tokens: int) -> int:
+        """Each query sees only its own chunk's earlier keys: whole chunks of ``C``
+        contribute ``C (C + 1) / 2`` each, the last partial one ``r (r + 1) / 2``."""
+        full, rest = divmod(require_int(prompt_tokens, "prompt_tokens"), self.chunk)
+        return full * self.chunk * (self.chunk + 1) // 2 + rest * (rest + 1) // 2
+
+    def held_blocks(self, tokens: int, block_size: int) -> int:
+        """Only the current chunk's blocks: at most ``cdiv(C, B)``."""
+        return min(super().held_blocks(tokens, block_size), -(-self.chunk // block_size))
+
+    def vllm_blocks_per_request(
+        self, max_model_len: int, block_size: int, max_num_batched_tokens: int
+    ) -> int:
+        """``cdiv(min(C + batched, max_model_len), B)`` (vLLM ``ChunkedLocalAttentionSpec``)."""
+        tokens = min(self.chunk + max_num_batched_tokens, max_model_len)
+        return -(-tokens // block_size)
+
+    def vllm_page_type(self) -> tuple[str, int | None]:
+        return ("chunked", self.chunk)
