@@ -22,7 +22,6 @@ import argparse
 import json
 import re
 import statistics
-import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -36,6 +35,7 @@ sys.path.insert(0, str(ROOT))
 
 from kvlib.timing import bench, records  # noqa: E402
 from kvlib.timing import workloads as w  # noqa: E402
+from kvlib.timing.devices import cuda_device_facts, nvidia_smi  # noqa: E402
 from kvlib.units import GiB, MiB  # noqa: E402
 
 GOAL_KV_READ_OVER_COPY = 0.9
@@ -68,55 +68,6 @@ PROFILES: dict[str, dict[str, Any]] = {
         "rep_s": 0.002,
     },
 }
-_SMI_FIELDS = (
-    "name,driver_version,clocks.sm,clocks.max.sm,clocks.mem,clocks.max.mem,"
-    "temperature.gpu,power.draw,power.limit,persistence_mode"
-)
-
-
-def nvidia_smi(index: int) -> dict[str, str]:
-    """``nvidia-smi`` readings (clocks in MHz, watts, degrees C), or the reason there are none."""
-    command = [
-        "nvidia-smi",
-        "-i",
-        str(index),
-        f"--query-gpu={_SMI_FIELDS}",
-        "--format=csv,noheader",
-    ]
-    try:
-        out = subprocess.run(command, capture_output=True, text=True, timeout=20, check=True)
-    except (OSError, subprocess.SubprocessError) as exc:
-        return {"error": f"nvidia-smi unavailable: {exc}"}
-    values = [v.strip() for v in out.stdout.strip().splitlines()[0].split(",")]
-    return dict(zip(_SMI_FIELDS.split(","), values, strict=False))
-
-
-def device_facts(device: str) -> dict[str, Any]:
-    """Name, capability, SMs, L2, memory, driver and software versions of ``device``."""
-    import torch
-
-    index = torch.device(device).index or 0
-    props = torch.cuda.get_device_properties(index)
-    smi = nvidia_smi(index)
-    try:
-        import triton
-
-        triton_version: str | None = triton.__version__
-    except ImportError:
-        triton_version = None
-    return {
-        "type": "cuda",
-        "index": index,
-        "name": torch.cuda.get_device_name(index),
-        "capability": ".".join(map(str, torch.cuda.get_device_capability(index))),
-        "sm_count": props.multi_processor_count,
-        "l2_bytes": int(getattr(props, "L2_cache_size", 0)) or None,
-        "memory_bytes": int(props.total_memory),
-        "driver": smi.get("driver_version"),
-        "cuda_runtime": torch.version.cuda,
-        "torch": torch.__version__,
-        "triton": triton_version,
-    }
 
 
 class Run:
@@ -269,31 +220,6 @@ def agreement(run: Run, size: int) -> dict[str, Any]:
     return out
 
 
-def summarise(run: Run, p: dict[str, Any]) -> dict[str, Any]:
-    by_name = {m["name"]: m for m in run.measurements}
-    copy = by_name.get(f"copy/{max(p['copy_bytes'])}")
-    kv = [m for m in run.measurements if m["name"].startswith("kv-read/")]
-    best = max(kv, key=lambda m: m["bandwidth_bytes_per_s"]) if kv else None
-    peak = by_name.get("matmul-peak")
-    summary: dict[str, Any] = {
-        "copy_bandwidth_bytes_per_s": copy and copy["bandwidth_bytes_per_s"],
-        "read_bandwidth_bytes_per_s": by_name.get("read", {}).get("bandwidth_bytes_per_s"),
-        "best_kv_read": best and best["name"],
-        "best_kv_read_bandwidth_bytes_per_s": best and best["bandwidth_bytes_per_s"],
-        "matmul_peak_flops_per_s": peak and peak["flops_per_s"],
-        "goal_kv_read_over_copy": GOAL_KV_READ_OVER_COPY,
-    }
-    if copy and best:
-        ratio = best["bandwidth_bytes_per_s"] / copy["bandwidth_bytes_per_s"]
-        summary.update(kv_read_over_copy=ratio, goal_met=ratio >= GOAL_KV_READ_OVER_COPY)
-    streams = [m["bandwidth_bytes_per_s"] for m in (copy, by_name.get("read")) if m]
-    if streams and peak:
-        # The memory ceiling is the faster of the two streams: a ceiling no kernel exceeds.
-        summary["memory_ceiling_bytes_per_s"] = max(streams)
-        summary["measured_ridge_flops_per_byte"] = peak["flops_per_s"] / max(streams)
-    return summary
-
-
 def run_checks(device: str, profile: str = "full") -> dict[str, Any]:
     """Every measurement on ``device`` as one JSON-ready dict (tests use ``profile='tiny'``)."""
     from kvlib.hardware import gpu_from_torch_name
@@ -302,7 +228,7 @@ def run_checks(device: str, profile: str = "full") -> dict[str, Any]:
     p = PROFILES[profile]
     started = time.monotonic()
     on_gpu = device.startswith("cuda")
-    facts = device_facts(device) if on_gpu else {"type": "cpu", "name": device_name(device)}
+    facts = cuda_device_facts(device) if on_gpu else {"type": "cpu", "name": device_name(device)}
     try:
         spec = gpu_from_torch_name(facts["name"]) if on_gpu else None
     except KeyError:
@@ -327,7 +253,9 @@ def run_checks(device: str, profile: str = "full") -> dict[str, Any]:
     doc["agreement"] = agreement(run, p["agreement_bytes"])
     doc["measurements"] = run.measurements
     doc["skipped"] = run.skipped
-    doc["summary"] = summarise(run, p)
+    doc["summary"] = records.summarise(
+        run.measurements, f"copy/{max(p['copy_bytes'])}", GOAL_KV_READ_OVER_COPY
+    )
     doc["clocks_after"] = nvidia_smi(int(facts.get("index", 0))) if on_gpu else None
     doc["elapsed_s"] = time.monotonic() - started
     return doc

@@ -13,7 +13,6 @@ import math
 import statistics
 import time
 from collections.abc import Callable, Iterator
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -157,8 +156,8 @@ def test_cold_cache_flushes_more_than_the_last_level_cache() -> None:
 def test_cold_cache_is_slower_than_warm_for_data_that_fits_the_cache() -> None:
     """2 MiB fits a CPU's caches; flushed before each copy, it comes from DRAM.
 
-    Measured here: cold about 4x slower. Asserted: 1.5x, on the median of three
-    interleaved rounds.
+    Measured with two such runs sharing the two cores: the median of three
+    rounds 4.2-5.1x, single rounds down to 2.4x. Asserted: above 1.5x.
     """
     copy = w.copy(2 * 2**20, "cpu")
     ratios = []
@@ -167,16 +166,6 @@ def test_cold_cache_is_slower_than_warm_for_data_that_fits_the_cache() -> None:
         cold = bench(copy.fn, device="cpu", cache="cold", rep_s=0.05, min_reps=3)
         ratios.append(cold.median_s / warm.median_s)
     assert statistics.median(ratios) > 1.5, ratios
-
-
-def test_sizes_read_from_sysfs(tmp_path: Path) -> None:
-    for index, (level, size) in enumerate((("1", "32K"), ("2", "1024K"), ("3", "32768K"))):
-        folder = tmp_path / f"index{index}"
-        folder.mkdir()
-        (folder / "level").write_text(level)
-        (folder / "size").write_text(size + "\n")
-    assert cpu_cache_bytes(tmp_path) == 32 * 2**20
-    assert cpu_cache_bytes(tmp_path / "missing") is None
 
 
 @pytest.mark.parametrize(
@@ -221,18 +210,21 @@ def test_sweep_progress_bar_goes_to_stderr(capsys: pytest.CaptureFixture[str]) -
 
 
 def test_median_agrees_with_torch_timer_blocked_autorange() -> None:
-    """Warm medians within 25% of ``Timer.blocked_autorange`` on a ~15 ms matmul.
+    """Warm medians within 25% of ``Timer.blocked_autorange`` on a ~10 ms matmul.
 
-    At ~15 ms a call, Timer's blocks hold one call each (its overhead is below
-    1e-4 of a call), so both harnesses report a median of single calls. On a
-    shorter op Timer times blocks of 100 calls: on a shared machine a block is
-    preempted where a single call is not, and the two statistics part (a 0.2 ms
-    matmul read 2-3x slower by Timer at a load average of 7 on two cores).
+    At ~10 ms a call, Timer's blocks hold one call each (it grows a block tenfold
+    until its overhead is below 1e-4 of the block, and a call is ~20,000 times
+    its overhead), so both harnesses report a median of single calls. On a
+    shorter op Timer times blocks of 10 or 100 calls: on a shared machine a block
+    is preempted where a single call is not, and the two statistics part (a
+    0.2 ms matmul read 2-3x slower by Timer at a load average of 7 on two cores).
     The rounds alternate which harness goes first, so drift in the machine's
-    load favours neither. Measured at that load: single rounds 0.55-1.6, the
-    median of fifteen 0.92-1.02; the bounds are several times that spread.
+    load favours neither. Measured with two such runs sharing the two cores
+    (as under ``pytest -n 2``): single rounds 0.16-3.6, the median of fifteen
+    0.86-1.01 over eight runs. The bounds, 0.67-1.5, leave twice that spread
+    and still fail a harness off by a factor of two.
     """
-    mm = w.matmul(256, 512, 1024, "fp32", "cpu")
+    mm = w.matmul(512, 512, 1024, "fp32", "cpu")
     ratios = []
     for i in range(15):
         timer = Timer("fn()", globals={"fn": mm.fn})
@@ -243,7 +235,7 @@ def test_median_agrees_with_torch_timer_blocked_autorange() -> None:
         if first_ours:
             theirs = timer.blocked_autorange(min_run_time=0.04).median
         ratios.append(ours / theirs)
-    assert 0.75 < statistics.median(ratios) < 1.33, ratios
+    assert 0.67 < statistics.median(ratios) < 1.5, ratios
 
 
 # --- workloads: bytes and FLOPs against torch's own counts ----------------------------------
@@ -336,7 +328,7 @@ def test_gpu_median_agrees_with_triton_do_bench() -> None:
     """Cold medians of a 1 GiB copy within 5% of ``triton.testing.do_bench``.
 
     Both time each call with a pair of CUDA events after writing a buffer
-    larger than L2 (kvlib twice the L2, triton 256 MB); at 1 GiB, far above
+    larger than L2 (kvlib twice the L2, triton a fixed 256 MiB); at 1 GiB, far above
     any L2, the flush sizes do not matter. triton ships with torch's CUDA
     wheels, so a missing triton is a failure, not a skip.
     """

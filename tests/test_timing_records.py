@@ -126,3 +126,28 @@ def test_the_gpu_page_shows_a_committed_run(
     assert [r.device_name for r in namespace["runs"]] == ["a GPU"]
     assert glued["ch6_gpu_status"].startswith("This page shows 1 GPU run(s): a GPU (2026-01-02)")
     assert glued["ch6_gpu_goal"] == "90%" and "GiB" in glued["ch6_gpu_kv"]
+
+
+def _named(name: str, bandwidth: float = 0.0, flops: float = 0.0) -> dict[str, Any]:
+    return {"name": name, "bandwidth_bytes_per_s": bandwidth, "flops_per_s": flops}
+
+
+def test_summary_of_a_run() -> None:
+    measurements = [
+        _named("copy/1024", 1.0e12),
+        _named("copy/4096", 2.0e12),
+        _named("read", 2.5e12),
+        _named("kv-read/sdpa", 1.7e12),
+        _named("kv-read/matmul", 1.9e12),
+        _named("matmul-peak", 0.0, 5.0e14),
+    ]
+    summary = records.summarise(measurements, "copy/4096", goal=0.9)
+    assert summary["best_kv_read"] == "kv-read/matmul"
+    assert summary["kv_read_over_copy"] == pytest.approx(1.9 / 2.0)
+    assert summary["goal_met"] is True
+    # The memory ceiling is the faster stream (the read here), the ridge peak over it.
+    assert summary["memory_ceiling_bytes_per_s"] == 2.5e12
+    assert summary["measured_ridge_flops_per_byte"] == pytest.approx(200.0)
+    missed = records.summarise(measurements[:2] + measurements[3:4], "copy/4096", goal=0.9)
+    assert missed["goal_met"] is False and missed["matmul_peak_flops_per_s"] is None
+    assert "measured_ridge_flops_per_byte" not in missed

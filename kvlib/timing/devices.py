@@ -2,12 +2,15 @@
 
 A GPU is named by ``torch.cuda.get_device_name``; a CPU by ``/proc/cpuinfo``
 (or :mod:`platform`) and torch's thread count, so a CPU time always says it
-is one. torch is imported inside the functions.
+is one. :func:`cuda_device_facts` and :func:`nvidia_smi` record what a GPU
+run must carry (capability, L2, driver, clocks, temperature, power). torch is
+imported inside the functions.
 """
 
 from __future__ import annotations
 
 import platform
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -19,14 +22,18 @@ __all__ = [
     "cache_flush_bytes",
     "cpu_cache_bytes",
     "cpu_model_name",
+    "cuda_device_facts",
     "default_device",
     "device_name",
     "gpu_l2_bytes",
+    "nvidia_smi",
     "resolve_device",
 ]
 
-# When no cache size is known: triton's do_bench flushes with a 256 MB buffer.
-FALLBACK_FLUSH_BYTES = 256 * 10**6
+# When no cache size is known: what triton's do_bench zeroes before every call, a fixed
+# 256 MiB (``cache_size = 256 * 1024 * 1024`` in the NVIDIA driver's
+# ``get_empty_cache_for_benchmark``; releases before it used ``int(256e6)`` bytes).
+FALLBACK_FLUSH_BYTES = 256 * MiB
 
 
 def default_device() -> str:
@@ -123,3 +130,54 @@ def cache_flush_bytes(device: str = "cpu") -> int:
     resolved = resolve_device(device)
     cache = gpu_l2_bytes(str(resolved)) if resolved.type == "cuda" else cpu_cache_bytes()
     return FALLBACK_FLUSH_BYTES if cache is None else 2 * cache
+
+
+# What nvidia-smi reports about a GPU's state: clocks in MHz, watts, degrees C.
+_SMI_FIELDS = (
+    "name,driver_version,clocks.sm,clocks.max.sm,clocks.mem,clocks.max.mem,"
+    "temperature.gpu,power.draw,power.limit,persistence_mode"
+)
+
+
+def nvidia_smi(index: int, command: str = "nvidia-smi") -> dict[str, str]:
+    """``nvidia-smi`` readings of GPU ``index`` by field name, or ``{"error": why}``."""
+    argv = [command, "-i", str(index), f"--query-gpu={_SMI_FIELDS}", "--format=csv,noheader"]
+    try:
+        out = subprocess.run(argv, capture_output=True, text=True, timeout=20, check=True)
+    except (OSError, subprocess.SubprocessError) as exc:
+        return {"error": f"nvidia-smi unavailable: {exc}"}
+    lines = out.stdout.strip().splitlines()
+    if not lines:
+        return {"error": "nvidia-smi printed nothing"}
+    values = [v.strip() for v in lines[0].split(",")]
+    return dict(zip(_SMI_FIELDS.split(","), values, strict=False))
+
+
+def cuda_device_facts(device: str) -> dict[str, Any]:
+    """Name, capability, SMs, L2, memory, driver and software versions of a CUDA ``device``."""
+    import torch
+
+    resolved = resolve_device(device)
+    if resolved.type != "cuda":
+        raise ValueError(f"device {device!r} is not a CUDA GPU")
+    index = resolved.index
+    props = torch.cuda.get_device_properties(index)
+    try:
+        import triton
+
+        triton_version: str | None = triton.__version__
+    except ImportError:
+        triton_version = None
+    return {
+        "type": "cuda",
+        "index": index,
+        "name": torch.cuda.get_device_name(index),
+        "capability": ".".join(map(str, torch.cuda.get_device_capability(index))),
+        "sm_count": props.multi_processor_count,
+        "l2_bytes": int(getattr(props, "L2_cache_size", 0)) or None,
+        "memory_bytes": int(props.total_memory),
+        "driver": nvidia_smi(index).get("driver_version"),
+        "cuda_runtime": torch.version.cuda,
+        "torch": torch.__version__,
+        "triton": triton_version,
+    }

@@ -25,6 +25,7 @@ __all__ = [
     "measurement_record",
     "read_run",
     "roofline_points",
+    "summarise",
     "summary_rows",
 ]
 
@@ -196,3 +197,33 @@ def roofline_points(run: GpuRun, prefix: str = "matmul/") -> list[tuple[str, flo
         for m in run.named(prefix)
         if m.flops > 0 and m.bytes_moved > 0
     ]
+
+
+def summarise(measurements: list[dict[str, Any]], copy_name: str, goal: float) -> dict[str, Any]:
+    """A run's headline figures from its measurement records (as :func:`measurement_record`).
+
+    The KV-read benchmark (best ``kv-read/*`` bandwidth) over the copy ``copy_name``,
+    against ``goal``; the memory ceiling, the faster of the copy and the pure read
+    (memory delivered at least that much); the matmul peak; and their ratio, the
+    measured ridge point. A figure whose measurement is missing is None.
+    """
+    by_name = {m["name"]: m for m in measurements}
+    copy, read, peak = by_name.get(copy_name), by_name.get("read"), by_name.get("matmul-peak")
+    kv = [m for m in measurements if m["name"].startswith("kv-read/")]
+    best = max(kv, key=lambda m: m["bandwidth_bytes_per_s"]) if kv else None
+    summary: dict[str, Any] = {
+        "copy_bandwidth_bytes_per_s": copy and copy["bandwidth_bytes_per_s"],
+        "read_bandwidth_bytes_per_s": read and read["bandwidth_bytes_per_s"],
+        "best_kv_read": best and best["name"],
+        "best_kv_read_bandwidth_bytes_per_s": best and best["bandwidth_bytes_per_s"],
+        "matmul_peak_flops_per_s": peak and peak["flops_per_s"],
+        "goal_kv_read_over_copy": goal,
+    }
+    if copy and best:
+        ratio = best["bandwidth_bytes_per_s"] / copy["bandwidth_bytes_per_s"]
+        summary.update(kv_read_over_copy=ratio, goal_met=ratio >= goal)
+    streams = [m["bandwidth_bytes_per_s"] for m in (copy, read) if m]
+    if streams and peak:
+        summary["memory_ceiling_bytes_per_s"] = max(streams)
+        summary["measured_ridge_flops_per_byte"] = peak["flops_per_s"] / max(streams)
+    return summary
