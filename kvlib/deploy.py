@@ -15,7 +15,7 @@ from kvlib.checks import require_fraction, require_int, require_positive
 from kvlib.config import ModelConfig
 from kvlib.hardware import GPUSpec
 from kvlib.layouts import weight_groups
-from kvlib.params import expert_weight_bytes, weight_bytes
+from kvlib.params import expert_weight_bytes, unread_weight_bytes, weight_bytes
 from kvlib.sizing import kv_bytes_by_layer, max_context_tokens
 from kvlib.specs import CacheSpec
 
@@ -101,13 +101,15 @@ def decode_step_bytes(
 ) -> int:
     """Bytes one decode step reads on each of ``tp`` GPUs: weights plus ``batch`` caches.
 
-    ``W / tp + B x KV(T) / GPU``: every dense weight once per step, each sequence's
-    cache once. A mixture-of-experts layer reads only the experts its ``B`` tokens
-    are routed to: the expected number under uniform routing
-    (:func:`expected_experts_touched`) of the ``E`` experts' bytes.
+    ``W / tp + B x KV(T) / GPU``: every weight a step multiplies by, once, and each
+    sequence's cache once. Tables a token only looks a row up in (an input embedding
+    not tied to the LM head, position embeddings) and vision towers are not read
+    (:func:`kvlib.params.unread_weight_bytes`). A mixture-of-experts layer reads only
+    the experts its ``B`` tokens are routed to: the expected number under uniform
+    routing (:func:`expected_experts_touched`) of the ``E`` experts' bytes.
     """
     require_int(batch, "batch", 1)
-    weights = weight_bytes(cfg, weight_dtype)
+    weights = weight_bytes(cfg, weight_dtype) - unread_weight_bytes(cfg, weight_dtype)
     if cfg.moe is not None:
         experts = expert_weight_bytes(cfg, weight_dtype)
         moe = cfg.moe

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from kvlib.checks import require_int
 from kvlib.config import ConfigError, ModelConfig
 from kvlib.dtypes import bytes_for, check_dtype
-from kvlib.layouts import UnknownLayout, weight_groups
+from kvlib.layouts import UnknownLayout, WeightGroup, weight_groups
 from kvlib.quantized import ShippedWeights, shipped_bytes
 
 __all__ = [
@@ -33,6 +33,7 @@ __all__ = [
     "count_params",
     "expert_weight_bytes",
     "param_count",
+    "unread_weight_bytes",
     "shipped_weights",
     "weight_bytes",
 ]
@@ -123,16 +124,35 @@ def shipped_weights(cfg: ModelConfig) -> ShippedWeights:
     return shipped_bytes(groups, cfg.quantization, base)
 
 
+def _bytes_of(cfg: ModelConfig, groups: list[WeightGroup], weight_dtype: str | None) -> int:
+    """Bytes of some of a model's tensors, at ``weight_dtype`` or as shipped (None)."""
+    if weight_dtype is not None:
+        return bytes_for(sum(g.count for g in groups), weight_dtype)
+    base = check_dtype(cfg.dtype or "bf16")
+    if cfg.quantization is None:
+        return bytes_for(sum(g.count for g in groups), base)
+    shipped = shipped_bytes(groups, cfg.quantization, base)
+    if shipped.bytes is None:
+        raise ConfigError(shipped.note)
+    return shipped.bytes
+
+
 def expert_weight_bytes(cfg: ModelConfig, weight_dtype: str | None = "bf16") -> int:
     """Bytes of the routed experts alone (0 for a dense model), at ``weight_dtype`` or as
     shipped (None): the part of the weights a decode step reads only for the experts
     its tokens are routed to."""
-    experts = [g for g in weight_groups(cfg) if g.copies_per_layer > 1]
-    if weight_dtype is not None:
-        return bytes_for(sum(g.count for g in experts), weight_dtype)
-    if cfg.quantization is None:
-        return bytes_for(sum(g.count for g in experts), check_dtype(cfg.dtype or "bf16"))
-    shipped = shipped_bytes(experts, cfg.quantization, check_dtype(cfg.dtype or "bf16"))
-    if shipped.bytes is None:
-        raise ConfigError(shipped.note)
-    return shipped.bytes
+    return _bytes_of(cfg, [g for g in weight_groups(cfg) if g.copies_per_layer > 1], weight_dtype)
+
+
+def unread_weight_bytes(cfg: ModelConfig, weight_dtype: str | None = "bf16") -> int:
+    """Bytes a text decode step does not read: the input (and position) embedding
+    tables, of which it looks up one row a token, unless the token table is also the LM
+    head (tied); and any vision tower, which runs once per image."""
+    groups = weight_groups(cfg)
+    unread = [g for g in groups if g.part == "vision" or g.role == "embedding"]
+    if cfg.tie_word_embeddings:
+        table = (cfg.vocab_size or 0, cfg.hidden_size)
+        tied = next((g for g in unread if g.role == "embedding" and g.shape == table), None)
+        if tied is not None:
+            unread.remove(tied)
+    return _bytes_of(cfg, unread, weight_dtype)

@@ -45,7 +45,7 @@ def test_seats_on_a_gpu(capsys: pytest.CaptureFixture[str]) -> None:
     assert report["free_kv_bytes_per_gpu"] == free
     assert report["seats"] == free // sizing.kv_bytes(cfg, 32768)
     assert report["fits"] is True
-    step = params.weight_bytes(cfg) + sizing.kv_bytes(cfg, 32768)
+    step = params.weight_bytes(cfg) - params.unread_weight_bytes(cfg) + sizing.kv_bytes(cfg, 32768)
     assert report["decode_tokens_per_s_bound"] == pytest.approx(3.35e12 / step)
 
 

@@ -75,16 +75,22 @@ def test_expected_experts_match_random_routing() -> None:
 
 
 def test_decode_step_reads_weights_once_and_every_cache() -> None:
+    """Every weight a token is multiplied by, once; the 128,256 x 8,192 input table is only
+    looked up (one row a token), so it is not read."""
     cfg = load_config("Llama-3.1-70B")
     one = deploy.decode_step_bytes(cfg, 1, 8192, tp=4)
     weights, kv = params.weight_bytes(cfg), deploy.kv_bytes_per_gpu(cfg, 8192, tp=4)
-    assert one == -(-weights // 4) + kv
+    table = 2 * 128_256 * 8_192
+    assert params.unread_weight_bytes(cfg) == table
+    assert one == -(-(weights - table) // 4) + kv
     assert deploy.decode_step_bytes(cfg, 32, 8192, tp=4) - one == 31 * kv
+    tied = load_config("Gemma-2-9B")  # its table is also the LM head: read every step
+    assert params.unread_weight_bytes(tied) == 0
 
 
 def test_moe_decode_reads_only_the_experts_it_routes_to() -> None:
     cfg = load_config("gpt-oss-20b")
-    shipped = params.weight_bytes(cfg, None)
+    shipped = params.weight_bytes(cfg, None) - params.unread_weight_bytes(cfg, None)
     experts = params.expert_weight_bytes(cfg, None)
     kv = deploy.kv_bytes_per_gpu(cfg, 4096)
     one = deploy.decode_step_bytes(cfg, 1, 4096, weight_dtype=None)
@@ -259,7 +265,7 @@ def test_prefill_time_is_memory_bound_short_and_compute_bound_long() -> None:
     peak, bandwidth = gpu.bf16_dense_flops_per_s, gpu.hbm_bandwidth_bytes_per_s
     crossover = deploy.compute_bound_tokens(gpu.ridge_flops_per_byte)
     short, long = int(crossover / 2), int(crossover * 2)
-    weights = params.weight_bytes(cfg)
+    weights = params.weight_bytes(cfg) - params.unread_weight_bytes(cfg)  # no lookup table
     assert deploy.prefill_time_s(cfg, short, peak, bandwidth) == pytest.approx(
         (weights + sizing.kv_bytes(cfg, short)) / bandwidth
     )

@@ -190,7 +190,8 @@ def size_report(args: argparse.Namespace) -> SizeReport:
     count = params.count_params(cfg)
     weight_format, weights, weight_note = _weights(cfg, given.weight_dtype)
     per_gpu_kv = deploy.kv_bytes_per_gpu(cfg, args.context, kv_dtype, tp)
-    gpu, notes = given.gpu, _notes(cfg, kv_dtype, given.gpu)
+    gpu = given.gpu
+    notes = _notes(cfg, kv_dtype, gpu, given.kv_memory_bytes is not None)
     usable = None if gpu is None else int(gpu.memory_bytes * args.gpu_memory_utilization)
     weights_per_gpu = None if weights is None else -(-weights // tp)
     free = given.kv_memory_bytes
@@ -286,12 +287,14 @@ def _pool(
     return _Pool(page, per_sequence, pool.num_blocks, pool.pool_tokens, pool.max_concurrency)
 
 
-def _notes(cfg: ModelConfig, kv_dtype: str, gpu: GPUSpec | None) -> list[str]:
+def _notes(
+    cfg: ModelConfig, kv_dtype: str, gpu: GPUSpec | None, kv_memory_given: bool
+) -> list[str]:
     """What the figures assume, where a reader could assume otherwise."""
     notes = list(dict.fromkeys(n for n in (s.layout_note(kv_dtype) for s in cfg.layers) if n))
     if gpu is not None and not gpu.driver_reported:
         notes.append(f"{gpu.name} memory: {gpu.memory_source}")
-    if gpu is not None:
+    if gpu is not None and not kv_memory_given:
         notes.append(
             "free memory = utilization x GPU memory - weights per GPU; an engine also "
             "reserves activations and CUDA graphs, so it grants somewhat less"
