@@ -34,14 +34,23 @@ unit: $(STAMP) system-deps
 release: $(STAMP)
 	$(PY) scripts/release.py
 
+## grade ASSIGNMENT=NN_slug: autograde submitted/*/NN_slug/ on every core, feedback, grades.csv
+## (FORCE=1 regrades submissions already graded; JOBS=n sets the worker processes)
+.PHONY: grade
+grade: $(STAMP) grading-deps
+	@test -n "$(ASSIGNMENT)" || { echo "usage: make grade ASSIGNMENT=01_kv_cache"; exit 2; }
+	$(PY) -m kvlib.grading.batch "$(ASSIGNMENT)" $(if $(FORCE),--force) $(if $(JOBS),--jobs $(JOBS))
+
 ## check NB=exercises/NN_slug/name.ipynb: self-grade one notebook
 check: $(STAMP)
 	@test -n "$(NB)" || { echo "usage: make check NB=exercises/01_kv_cache/<notebook>.ipynb"; exit 2; }
 	$(PY) -m kvlib grade "$(NB)"
 
-## lab: JupyterLab on the exercises
+## lab: JupyterLab on the exercises, offline (no news, update or extension-index requests)
 lab: $(STAMP)
-	$(VENV)/bin/jupyter lab exercises
+	$(VENV)/bin/jupyter lab exercises --LabApp.news_url=None \
+	  --LabApp.check_for_updates_class=jupyterlab.handlers.announcements.NeverCheckForUpdate \
+	  --LabApp.extension_manager=readonly $(if $(filter 0,$(shell id -u)),--allow-root)
 
 ## serve: serve the built site on http://127.0.0.1:8000
 serve:

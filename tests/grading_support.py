@@ -1,13 +1,31 @@
-"""Helpers for the grading tests: the chapter 1 notebooks and submissions made from them."""
+"""Helpers for the grading tests: chapter 1's notebooks, each student's numbers, submissions.
+
+Chapter 1's challenges draw per-student numbers (``kvlib.grading.numbers``).
+:func:`drawn` runs a challenge's own locked numbers cell for a student, so the
+tests see exactly what that student's prompt printed; :func:`expected` then
+computes the right answers from those numbers with a learner's formulas,
+written out here, not taken from kvlib or from the hidden tests.
+"""
 
 from __future__ import annotations
 
+import contextlib
 import copy
-from collections.abc import Mapping
+import csv
+import fcntl
+import io
+import json
+import math
+import os
+import shutil
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 import nbformat
+from assignments.a01_kv_cache import WRONG
+
+from kvlib.grading import Numbers, grading_student, numbers
 
 ROOT = Path(__file__).resolve().parents[1]
 ASSIGNMENT = "01_kv_cache"
@@ -15,79 +33,59 @@ NOTEBOOK = "kv_cache"
 SOURCE = ROOT / "solutions" / ASSIGNMENT / f"{NOTEBOOK}.ipynb"
 RELEASE = ROOT / "exercises" / ASSIGNMENT / f"{NOTEBOOK}.ipynb"
 CHALLENGES = ("bytes_per_token", "seats", "prefill_s")
+POINTS = {"bytes_per_token": 2.0, "seats": 2.0, "prefill_s": 2.0}
+GiB = 2**30
 
-# Right answers written as a learner would, not copied from kvlib.
+# Right answers written as a learner would, on the student's numbers N.
 RIGHT = {
-    "answer_bytes_per_token": "bytes_per_token = 2 * 48 * 8 * 128 * 1",
-    "answer_seats": "seats = int(30 * 2**30 / (10_000 * 131_072))",
-    "answer_prefill_s": "prefill_s = 2 * 32e9 * 6000 / 400e12",
+    "answer_bytes_per_token": "bytes_per_token = 2 * N.layers * N.kv_heads * N.head_dim * 1",
+    "answer_seats": "seats = int(N.free_gib * 2**30 / (N.context_tokens * N.kv_bytes_per_token))",
+    "answer_prefill_s": "prefill_s = 2 * N.params_billion * 1e9 * N.prompt_tokens / "
+    "(N.tflop_per_s * 1e12)",
 }
 
 # The classic wrong answer of each challenge and a phrase of the hint it must get.
-CLASSIC_WRONG = {
-    "bytes_per_token": ("bytes_per_token = 2 * 48 * 40 * 128 * 1", "attention heads"),
-    "seats": ("seats = int(30e9 / (10_000 * 131_072))", "30 GB"),
-    "prefill_s": ("prefill_s = 32e9 * 6000 / 400e12", "left out the 2"),
-}
-
-ALWAYS_EQUAL = """
-class AlwaysEqual(int):
-    def __eq__(self, other):
-        return True
-    __hash__ = int.__hash__
-
-class Anything:
-    def __eq__(self, other):
-        return True
-    def __ne__(self, other):
-        return False
-
-bytes_per_token = Anything()
-seats = AlwaysEqual(1)
-prefill_s = Anything()
-"""
-
-MONKEYPATCH = """
-import sys, types
-import kvlib.grading, kvlib.sizing
-kvlib.grading.expect = lambda *args, **kwargs: None
-fake = types.ModuleType("kvlib.grading")
-fake.expect = lambda *args, **kwargs: None
-sys.modules["kvlib.grading"] = fake
-kvlib.sizing.kv_bytes_per_token_dense = lambda *args, **kwargs: 1
-ip = get_ipython()
-ip.set_custom_exc((BaseException,), lambda *args, **kwargs: None)
-ip.input_transformers_cleanup.append(
-    lambda lines: ["pass\\n"] if any("hidden test" in line for line in lines) else lines
-)
-bytes_per_token = 1
-"""
-
-READ_SOLUTIONS = f"""
-import glob, json
-paths = glob.glob({str(ROOT / "solutions")!r} + "/**/*.ipynb", recursive=True)
-paths += glob.glob("../../../solutions/**/*.ipynb", recursive=True)
-print("solution notebooks visible:", len(paths))
-for path in paths:
-    with open(path) as f:
-        for cell in json.load(f)["cells"]:
-            text = "".join(cell["source"])
-            if "BEGIN SOLUTION" in text:
-                exec(text)
-"""
+CLASSIC_WRONG = WRONG
 
 
 def read(path: Path) -> Any:
     return nbformat.read(path, as_version=4)
 
 
+def grade_id(cell: Any) -> str | None:
+    return cell.metadata.get("nbgrader", {}).get("grade_id")
+
+
+def cell_source(name: str, path: Path = SOURCE) -> str:
+    """The source of the cell with grade id ``name``."""
+    return next(c.source for c in read(path).cells if grade_id(c) == name)
+
+
+def drawn(challenge: str, student: str) -> Numbers:
+    """The numbers ``student``'s prompt cell of ``challenge`` draws (the cell itself runs)."""
+    namespace: dict[str, Any] = {"numbers": numbers}
+    with grading_student(student), contextlib.redirect_stdout(io.StringIO()):
+        exec(cell_source(f"numbers_{challenge}"), namespace)
+    result: Numbers = namespace["N"]
+    return result
+
+
+def expected(student: str) -> dict[str, float]:
+    """The right answer of each challenge for ``student``."""
+    b, s, p = (drawn(c, student) for c in CHALLENGES)
+    return {
+        "bytes_per_token": 2 * b.layers * b.kv_heads * b.head_dim,
+        "seats": math.floor(s.free_gib * GiB / (s.context_tokens * s.kv_bytes_per_token)),
+        "prefill_s": 2 * p.params_billion * 1e9 * p.prompt_tokens / (p.tflop_per_s * 1e12),
+    }
+
+
 def submission(answers: Mapping[str, str], base: Path = RELEASE) -> Any:
     """The released notebook with the cells whose grade_id is a key replaced."""
     nb = copy.deepcopy(read(base))
     for cell in nb.cells:
-        grade_id = cell.metadata.get("nbgrader", {}).get("grade_id")
-        if grade_id in answers:
-            cell.source = answers[grade_id]
+        if grade_id(cell) in answers:
+            cell.source = answers[str(grade_id(cell))]
     return nb
 
 
@@ -95,3 +93,103 @@ def write(nb: Any, path: Path) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     nbformat.write(nb, path)
     return path
+
+
+def grades(course: Path) -> dict[str, dict[str, str]]:
+    """``grades.csv`` rows by student id."""
+    with open(course / "grades.csv", newline="") as f:
+        return {row["student_id"]: row for row in csv.DictReader(f)}
+
+
+def errors(nb: Any, name: str) -> str:
+    """The error messages of the cell with grade id ``name`` in a graded notebook."""
+    for cell in nb.cells:
+        if grade_id(cell) == name:
+            return " ".join(str(o.get("evalue", "")) for o in cell.get("outputs", [])
+                            if o.get("output_type") == "error")  # fmt: skip
+    raise KeyError(name)
+
+
+def built_once(factory: Any, name: str, build: Callable[[Path], Any]) -> tuple[Path, Any]:
+    """``build(folder)`` once per test session, even when pytest-xdist runs the tests of one
+    module on several workers (each would otherwise grade the whole batch again).
+
+    The first worker builds under a lock in the session's shared temporary folder; the
+    others wait for it and get the same folder and ``build``'s JSON result. Modules that
+    need the same class name the same build.
+    """
+    if name in _BUILT:
+        return _BUILT[name]
+    if "PYTEST_XDIST_WORKER" not in os.environ:
+        folder = factory.mktemp(name)
+        _BUILT[name] = folder, build(folder)
+        return _BUILT[name]
+    shared = factory.getbasetemp().parent
+    folder, result = shared / name, shared / f"{name}.json"
+    with open(shared / f"{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not result.exists():
+            folder.mkdir()
+            result.write_text(json.dumps(build(folder)))
+    _BUILT[name] = folder, json.loads(result.read_text())
+    return _BUILT[name]
+
+
+_BUILT: dict[str, tuple[Path, Any]] = {}
+
+
+def _class(release: Path) -> dict[str, Any]:
+    """Right, wrong and blank answers, and submissions that need repairing."""
+    students = {"right_1": submission(RIGHT, release), "right_2": submission(RIGHT, release),
+                "blank": submission({}, release)}  # fmt: skip
+    for name, (wrong, _) in CLASSIC_WRONG.items():
+        students[f"wrong_{name}"] = submission({**RIGHT, f"answer_{name}": wrong}, release)
+    pasted = submission(RIGHT, release)
+    index = [grade_id(c) for c in pasted.cells].index("answer_seats")
+    pasted.cells.insert(index, copy.deepcopy(pasted.cells[index]))
+    pasted.cells[index]["id"] = "pasted"
+    students["duplicated"] = pasted
+    deleted = submission(RIGHT, release)
+    deleted.cells = [c for c in deleted.cells if grade_id(c) != "prefill_s"]
+    students["deleted_test"] = deleted
+    return students
+
+
+# The class both ways: scores expected, and a phrase of the flag each student must get.
+CLASS = {
+    "right_1": (6.0, ""), "right_2": (6.0, ""), "blank": (0.0, ""),
+    "wrong_bytes_per_token": (4.0, ""), "wrong_seats": (4.0, ""), "wrong_prefill_s": (4.0, ""),
+    "duplicated": (6.0, "answer_seats appeared 2 times"),
+    "deleted_test": (6.0, "hidden-test cell prefill_s was deleted: restored"),
+    "unreadable": (0.0, "not a readable notebook"),
+}  # fmt: skip
+
+
+def _grade_twice(folder: Path) -> int:
+    from kvlib.grading.batch import main as make_grade
+    from kvlib.grading.course import make_course, run_nbgrader
+
+    serial = make_course(folder / "serial", ROOT, [ASSIGNMENT], timeout_s=10)
+    run_nbgrader(serial, "generate_assignment", ASSIGNMENT, "--force")
+    release = serial / "exercises" / ASSIGNMENT / f"{NOTEBOOK}.ipynb"
+    for name, nb in _class(release).items():
+        write(nb, serial / "submitted" / name / ASSIGNMENT / f"{NOTEBOOK}.ipynb")
+    (serial / "submitted" / "unreadable" / ASSIGNMENT).mkdir(parents=True)
+    (serial / "submitted" / "unreadable" / ASSIGNMENT / f"{NOTEBOOK}.ipynb").write_text("{")
+    parallel = folder / "parallel"
+    shutil.copytree(serial, parallel)
+    config = (parallel / "nbgrader_config.py").read_text().replace(str(serial), str(parallel))
+    (parallel / "nbgrader_config.py").write_text(config)
+    for step in ("autograde", "generate_feedback"):
+        run_nbgrader(serial, step, ASSIGNMENT)
+    run_nbgrader(serial, "export")
+    return int(make_grade([ASSIGNMENT, "--jobs", "2", "--no-feedback", "--course", str(parallel)]))
+
+
+def graded_class(factory: Any) -> tuple[Path, Path, int]:
+    """One class (:data:`CLASS`) graded twice, shared by the modules that check it: by plain
+    ``nbgrader`` commands, one student after another (``serial``: autograde, feedback,
+    export), and by ``make grade``'s batch with two workers (``parallel``: no feedback).
+    Returns the two course folders and the batch's exit status."""
+    folder, status = built_once(factory, "one_class_two_ways", _grade_twice)
+    return folder / "serial", folder / "parallel", int(status)

@@ -13,7 +13,7 @@ import pytest
 from hypothesis import assume, given
 from hypothesis import strategies as st
 
-from kvlib.grading import describe_type_problem, diagnose, expect, real_value
+from kvlib.grading import describe_type_problem, diagnose, expect, plausible, real_value
 
 # The course brief's worked example (serving-topics.txt): 40 layers, 8 KV heads,
 # 128 dims, 2 bytes -> 163,840 bytes per token. Written out, not from kvlib.
@@ -160,6 +160,18 @@ class TestGenericMistakes:
 
 
 class TestSpecificMistakes:
+    def test_named_mistake_before_whole_number_rule(self) -> None:
+        """98.304 for 98,304 bytes is the KB slip, not a rounding problem."""
+        right = 98_304
+        hints = {"you gave KB (1000 bytes); the answer is asked in bytes": right / 1000}
+        message = failure(98.304, right, rel=0, integer=True, mistakes=hints, name="b")
+        assert "you gave KB" in message
+        assert "whole number" not in message and "round" not in message
+
+    def test_fraction_that_is_no_named_mistake_is_not_whole(self) -> None:
+        message = failure(98.5, 98_304, rel=0, integer=True, mistakes={"KB": 98.304})
+        assert "whole number" in message
+
     def test_specific_wins_over_generic(self) -> None:
         hint = "you used 16-bit elements; this cache is 8-bit"
         message = failure(2 * BRIEF_BYTES, BRIEF_BYTES, rel=0, mistakes={hint: 2 * BRIEF_BYTES})
@@ -194,6 +206,58 @@ class TestMessagesHideTheAnswer:
     def test_float_expected_never_in_message(self) -> None:
         message = failure(0.5, 0.96, rel=0.01, unit="seconds")
         assert "0.96" not in message
+
+
+# Candidate answers of every kind a learner might leave in an answer variable.
+CANDIDATES: list[object] = [
+    98_304, 98_304.0, 98_304.5, 98.304, 0, -3, 1e300, np.int64(98_304), np.float32(98_304),
+    np.float64(0.96), np.uint8(7), True, np.bool_(False), "98304", None, ..., [98_304],
+    Fraction(3, 2), IntThatEqualsAll(98_304), FloatSubclass(98_304), AlwaysEqual(), math.nan,
+    math.inf, complex(1, 0),
+]  # fmt: skip
+
+
+class TestPlausibleAgreesWithExpect:
+    """The visible sanity check refuses exactly the answers expect refuses for type or form."""
+
+    @staticmethod
+    def refused_by_expect(answer: object, integer: bool) -> bool:
+        # Expected value chosen so that only type/form decides: a value it equals passes.
+        try:
+            value = real_value(answer)
+        except AssertionError:
+            return True
+        try:
+            expect(answer, value if not integer or value == int(value) else 1, rel=0,
+                   integer=integer)  # fmt: skip
+        except AssertionError:
+            return True
+        return False
+
+    @staticmethod
+    def refused_by_plausible(answer: object, integer: bool) -> bool:
+        try:
+            plausible(answer, "x", "bytes", low=-math.inf, high=math.inf, integer=integer)
+        except AssertionError:
+            return True
+        return False
+
+    @pytest.mark.parametrize("integer", [True, False])
+    @pytest.mark.parametrize(
+        "answer", CANDIDATES, ids=[f"{i}-{type(c).__name__}" for i, c in enumerate(CANDIDATES)]
+    )
+    def test_same_verdict(self, answer: object, integer: bool) -> None:
+        assert self.refused_by_plausible(answer, integer) == self.refused_by_expect(answer, integer)
+
+    def test_integral_float_passes_both(self, capsys: pytest.CaptureFixture[str]) -> None:
+        """98304.0 bytes: the hidden test accepts it, so the visible check must too."""
+        plausible(98_304.0, "b", "bytes", low=1024, high=2**20, integer=True)
+        assert "plausible" in capsys.readouterr().out
+        expect(98_304.0, 98_304, rel=0, integer=True)
+
+    def test_range_says_unit(self) -> None:
+        with pytest.raises(AssertionError, match="Check the unit"):
+            plausible(98_304 * 8, "b", "bytes", low=1024, high=2**19)
 
 
 def test_describe_type_problem_mentions_unit() -> None:

@@ -1,15 +1,18 @@
-"""The whole nbgrader pipeline on chapter 1, with the real CLI, in a temporary course.
+"""The plain nbgrader command line on chapter 1, in a temporary course, with the course's config.
 
-One batch of students is generated, submitted, autograded, given feedback and
-exported once (module fixture); each test then checks one student or one
-artefact. The students include the solution, a blank release, the classic
-wrong answer of each challenge and several cheats.
+One class (``grading_support.CLASS``: right, blank and classically wrong answers,
+each on the student's own numbers, and a few submissions that need repairing)
+is generated, submitted, autograded, given feedback and exported with
+``nbgrader`` itself, one command each, as an instructor without ``make`` would.
+The same class graded by ``make grade`` is compared with this one in
+``test_grading_batch.py``; attacks and accidents are in
+``test_grading_adversarial.py``.
 """
 
 from __future__ import annotations
 
-import csv
 import filecmp
+import re
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -19,204 +22,69 @@ from typing import Any
 import nbformat
 import pytest
 from grading_support import (
-    ALWAYS_EQUAL,
     ASSIGNMENT,
     CHALLENGES,
+    CLASS,
     CLASSIC_WRONG,
-    MONKEYPATCH,
     NOTEBOOK,
-    READ_SOLUTIONS,
-    RIGHT,
     ROOT,
+    errors,
+    expected,
+    grade_id,
+    graded_class,
+    grades,
     read,
-    submission,
-    write,
 )
 
 from kvlib.grading.autograde import is_test_cell
-from kvlib.grading.course import make_course, run_nbgrader
 
 pytestmark = pytest.mark.notebooks
 
-TIMEOUT_S = 5
-POINTS = 2.0
-
-INFINITE_LOOP = "while True:\n    pass"
-# Ignores SIGINT and swallows KeyboardInterrupt: only a kernel restart stops it.
-STUBBORN_LOOP = """
-import signal, time
-signal.signal(signal.SIGINT, signal.SIG_IGN)
-while True:
-    try:
-        time.sleep(0.05)
-    except BaseException:
-        pass
-"""
-
-
-def _students() -> dict[str, dict[str, str]]:
-    students: dict[str, dict[str, str]] = {"solution": dict(RIGHT), "blank": {}}
-    for name, (wrong, _) in CLASSIC_WRONG.items():
-        students[f"wrong_{name}"] = {**RIGHT, f"answer_{name}": wrong}
-    students["always_equal"] = {"answer_bytes_per_token": ALWAYS_EQUAL}
-    students["infinite_loop"] = {**RIGHT, "answer_seats": INFINITE_LOOP}
-    students["stubborn_loop"] = {**RIGHT, "answer_seats": STUBBORN_LOOP}
-    students["exits_kernel"] = {**RIGHT, "answer_seats": "import os\nos._exit(0)"}
-    students["edited_test"] = {
-        **RIGHT,
-        "answer_seats": "seats = 1",
-        "seats": '"""Check seats."""\nprint("all good")',
-    }
-    students["monkeypatch"] = {
-        **RIGHT,
-        "answer_bytes_per_token": MONKEYPATCH,
-        "answer_seats": "seats = 3",
-        "answer_prefill_s": "prefill_s = 123.0",
-    }
-    students["reads_solutions"] = {"answer_bytes_per_token": READ_SOLUTIONS}
-    students["numpy_answers"] = {
-        "answer_bytes_per_token": "import numpy as np\n"
-        "bytes_per_token = np.int64(2 * 48 * 8 * 128)",
-        "answer_seats": "seats = np.int32(30 * 2**30 // (10_000 * 131_072))",
-        "answer_prefill_s": "prefill_s = np.float64(2 * 32e9 * 6000 / 400e12)",
-    }
-    students["deleted_test"] = {**RIGHT, "seats": DELETE}
-    return students
-
-
-DELETE = "<delete this cell>"
-STUDENTS = _students()
-EXPECTED_SCORE = {
-    "solution": 6.0,
-    "blank": 0.0,
-    "wrong_bytes_per_token": 4.0,
-    "wrong_seats": 4.0,
-    "wrong_prefill_s": 4.0,
-    "always_equal": 0.0,
-    "infinite_loop": 4.0,
-    "stubborn_loop": 4.0,
-    "exits_kernel": 4.0,
-    "edited_test": 4.0,
-    "monkeypatch": 0.0,
-    "reads_solutions": 0.0,
-    "numpy_answers": 6.0,
-    "deleted_test": 4.0,
-}
+STUDENTS = sorted(CLASS)
 
 
 @dataclass
 class Batch:
     course: Path
-    log: str
 
     def graded(self, student: str) -> Any:
         return read(self.course / "autograded" / student / ASSIGNMENT / f"{NOTEBOOK}.ipynb")
 
-    def outputs(self, student: str, grade_id: str) -> list[Any]:
-        for cell in self.graded(student).cells:
-            if cell.metadata.get("nbgrader", {}).get("grade_id") == grade_id:
-                return list(cell.get("outputs", []))
-        raise KeyError(grade_id)
-
-    def hint(self, student: str, grade_id: str) -> str:
-        errors = [o for o in self.outputs(student, grade_id) if o.output_type == "error"]
-        return " ".join(str(o.evalue) for o in errors)
-
     def feedback(self, student: str) -> str:
-        path = self.course / "feedback" / student / ASSIGNMENT / f"{NOTEBOOK}.html"
-        return path.read_text()
-
-    def scores(self) -> dict[str, float]:
-        with open(self.course / "grades.csv", newline="") as f:
-            return {row["student_id"]: float(row["score"]) for row in csv.DictReader(f)}
+        return (self.course / "feedback" / student / ASSIGNMENT / f"{NOTEBOOK}.html").read_text()
 
 
 @pytest.fixture(scope="module")
 def batch(tmp_path_factory: pytest.TempPathFactory) -> Batch:
-    course = make_course(
-        tmp_path_factory.mktemp("course"),
-        ROOT,
-        [ASSIGNMENT],
-        sandbox="require",
-        timeout_s=TIMEOUT_S,
-    )
-    run_nbgrader(course, "generate_assignment", ASSIGNMENT, "--force")
-    release = course / "exercises" / ASSIGNMENT / f"{NOTEBOOK}.ipynb"
-    for student, answers in STUDENTS.items():
-        nb = submission(answers, base=release)
-        nb.cells = [c for c in nb.cells if c.source != DELETE]
-        write(nb, course / "submitted" / student / ASSIGNMENT / f"{NOTEBOOK}.ipynb")
-    log = run_nbgrader(course, "autograde", ASSIGNMENT)
-    run_nbgrader(course, "generate_feedback", ASSIGNMENT)
-    run_nbgrader(course, "export")
-    return Batch(course, log)
+    serial, _, _ = graded_class(tmp_path_factory)
+    return Batch(serial)
 
 
-def test_every_student_graded(batch: Batch) -> None:
-    assert set(batch.scores()) == set(STUDENTS)
-
-
-@pytest.mark.parametrize("student", sorted(STUDENTS))
-def test_score(batch: Batch, student: str) -> None:
-    assert batch.scores()[student] == EXPECTED_SCORE[student]
+def test_scores_and_flags(batch: Batch) -> None:
+    rows = grades(batch.course)
+    assert {s: float(row["score"]) for s, row in rows.items()} == {
+        s: score for s, (score, _) in CLASS.items()
+    }
+    for student, (_, flag) in CLASS.items():
+        assert flag in rows[student]["flags"] and bool(flag) == bool(rows[student]["flags"])
 
 
 def test_solution_passes_silently(batch: Batch) -> None:
-    for name in CHALLENGES:
-        assert batch.outputs("solution", name) == []
+    for cell in batch.graded("right_1").cells:
+        if cell.cell_type == "code":
+            assert [o for o in cell.outputs if o.output_type == "error"] == [], grade_id(cell)
 
 
 def test_blank_release_says_what_is_missing(batch: Batch) -> None:
     for name in CHALLENGES:
-        assert f"{name} is not defined" in batch.hint("blank", name)
+        assert f"{name} is not defined" in errors(batch.graded("blank"), name)
 
 
 @pytest.mark.parametrize("name", CHALLENGES)
 def test_classic_mistake_is_named(batch: Batch, name: str) -> None:
-    phrase = CLASSIC_WRONG[name][1]
-    assert phrase in batch.hint(f"wrong_{name}", name)
-    others = [c for c in CHALLENGES if c != name]
-    assert all(batch.outputs(f"wrong_{name}", c) == [] for c in others)
-
-
-def test_always_equal_refused(batch: Batch) -> None:
-    assert "Anything" in batch.hint("always_equal", "bytes_per_token")
-    assert "AlwaysEqual" in batch.hint("always_equal", "seats")
-
-
-@pytest.mark.parametrize("student", ["infinite_loop", "stubborn_loop"])
-def test_infinite_loop_costs_one_cell(batch: Batch, student: str) -> None:
-    errors = [o for o in batch.outputs(student, "answer_seats") if o.output_type == "error"]
-    assert any(o.ename == "CellTimeoutError" for o in errors)
-    # cells after the loop still ran: the next answer was graded
-    assert batch.outputs(student, "prefill_s") == []
-
-
-def test_kernel_exit_costs_one_cell(batch: Batch) -> None:
-    names = [o.ename for o in batch.outputs("exits_kernel", "answer_seats")]
-    assert "DeadKernelError" in names
-    assert batch.outputs("exits_kernel", "prefill_s") == []
-
-
-def test_edited_test_cell_restored(batch: Batch) -> None:
-    assert "seats = 1" in batch.hint("edited_test", "seats")
-    source = next(
-        c.source
-        for c in batch.graded("edited_test").cells
-        if c.metadata.get("nbgrader", {}).get("grade_id") == "seats"
-    )
-    assert "all good" not in source and "expect(" in source
-
-
-def test_monkeypatching_grants_nothing(batch: Batch) -> None:
-    assert "bytes_per_token = 1 " in batch.hint("monkeypatch", "bytes_per_token")
-    assert "seats = 3 " in batch.hint("monkeypatch", "seats")
-
-
-def test_solutions_invisible_to_student_code(batch: Batch) -> None:
-    cell = batch.outputs("reads_solutions", "answer_bytes_per_token")
-    printed = "".join(o.get("text", "") for o in cell)
-    assert "solution notebooks visible: 0" in printed
+    graded = batch.graded(f"wrong_{name}")
+    assert CLASSIC_WRONG[name][1] in errors(graded, name)
+    assert all(errors(graded, other) == "" for other in CHALLENGES if other != name)
 
 
 def test_test_cells_never_ran_in_kernel(batch: Batch) -> None:
@@ -226,38 +94,65 @@ def test_test_cells_never_ran_in_kernel(batch: Batch) -> None:
                 assert cell.execution_count is None
 
 
-class TestFeedback:
-    RIGHT_VALUES = ("98304", "98,304", "98_304", "0.96", "24 conversations", "seats = 24")
-
-    @pytest.mark.parametrize("student", sorted(STUDENTS))
-    def test_no_hidden_test_or_expected_value(self, batch: Batch, student: str) -> None:
-        html = batch.feedback(student)
-        for secret in ("HIDDEN TESTS", "expect(", "mistakes", "seats_that_fit", "right ="):
-            assert secret not in html
-        if student != "solution":
-            for value in self.RIGHT_VALUES:
-                assert value not in html
-
-    def test_feedback_shows_the_hint(self, batch: Batch) -> None:
-        assert CLASSIC_WRONG["seats"][1] in batch.feedback("wrong_seats")
+def test_self_check_cell_not_run_by_the_grader(batch: Batch) -> None:
+    cell = batch.graded("right_1").cells[-1]
+    assert grade_id(cell) == "self_check" and cell.outputs == []
 
 
-def test_repository_course_config() -> None:
-    """nbgrader_config.py at the root: the course layout, a timeout, verified tests, no leaks."""
+@pytest.mark.parametrize("student", STUDENTS)
+def test_feedback_has_no_hidden_test_or_expected_value(batch: Batch, student: str) -> None:
+    html = batch.feedback(student)
+    for secret in ("HIDDEN TESTS", "mistakes={", "seats_that_fit", "right = "):
+        assert secret not in html
+    # What the grader and the checks wrote (prompts print the student's own numbers).
+    right = expected(student)
+    for cell in batch.graded(student).cells:
+        name = grade_id(cell) or ""
+        if name in CHALLENGES or name.startswith("check_"):
+            text = " ".join(str(o.get("evalue", o.get("text", ""))) for o in cell.outputs)
+            for value in right.values():
+                shown = {f"{value:,}", str(value)} if isinstance(value, int) else {f"{value:.3g}"}
+                assert not any(re.search(rf"\b{re.escape(v)}\b", text) for v in shown), text
+
+
+def test_feedback_shows_the_hint_and_the_notes(batch: Batch) -> None:
+    assert CLASSIC_WRONG["seats"][1] in batch.feedback("wrong_seats")
+    assert "Notes from the grader" in batch.feedback("duplicated")
+    assert "Notes from the grader" not in batch.feedback("right_1")
+
+
+def test_repository_course_config(monkeypatch: pytest.MonkeyPatch) -> None:
+    """nbgrader_config.py at the root: the course layout, limits, verified tests, no leaks."""
     from nbgrader.preprocessors import ClearHiddenTests, Execute
     from traitlets.config.loader import PyFileConfigLoader
 
     from kvlib.grading.autograde import VerifiedExecute
+    from kvlib.grading.flags import FlaggedCsvExport, FlagsInFeedback
+    from kvlib.grading.intake import RepairingExporter
 
+    monkeypatch.delenv("KVLIB_GRADEBOOK_URL", raising=False)
     c = PyFileConfigLoader("nbgrader_config.py", path=str(ROOT)).load_config()
     assert c.CourseDirectory.root == str(ROOT)
     assert c.CourseDirectory.source_directory == "solutions"
     assert c.CourseDirectory.release_directory == "exercises"
+    assert "db_url" not in c.CourseDirectory  # SQLite in the course folder, nbgrader's default
     assert 0 < c.Execute.timeout <= 120
     assert VerifiedExecute in c.Autograde.autograde_preprocessors
     assert Execute not in c.Autograde.autograde_preprocessors
+    assert c.Autograde.exporter_class is RepairingExporter
     assert ClearHiddenTests in c.GenerateFeedback.preprocessors
+    assert FlagsInFeedback in c.GenerateFeedback.preprocessors
+    assert c.ExportApp.plugin_class is FlaggedCsvExport
     assert c.SandboxedKernelManager.mode == "require"
+    assert c.SandboxedKernelManager.memory_bytes == 2 * 2**30
+
+
+def test_gradebook_url_from_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    from traitlets.config.loader import PyFileConfigLoader
+
+    monkeypatch.setenv("KVLIB_GRADEBOOK_URL", "postgresql://grader@127.0.0.1/course")
+    c = PyFileConfigLoader("nbgrader_config.py", path=str(ROOT)).load_config()
+    assert c.CourseDirectory.db_url == "postgresql://grader@127.0.0.1/course"
 
 
 def test_committed_exercises_match_a_fresh_release(tmp_path: Path) -> None:
@@ -272,8 +167,8 @@ def test_committed_exercises_match_a_fresh_release(tmp_path: Path) -> None:
         p.relative_to(committed_root) for p in committed_root.rglob("*") if p.is_file()
     )
     assert fresh == committed, "run `make release` and commit exercises/"
-    match, mismatch, errors = filecmp.cmpfiles(tmp_path, committed_root, fresh, shallow=False)
-    assert mismatch == [] and errors == [], "run `make release` and commit exercises/"
+    match, mismatch, errors_ = filecmp.cmpfiles(tmp_path, committed_root, fresh, shallow=False)
+    assert mismatch == [] and errors_ == [], "run `make release` and commit exercises/"
 
 
 def test_exercises_do_not_import_torch() -> None:
@@ -282,18 +177,27 @@ def test_exercises_do_not_import_torch() -> None:
             assert "torch" not in cell.source, f"{path}: exercises must not import torch"
 
 
+def test_released_notebook_holds_no_expected_value() -> None:
+    """The prompts draw numbers when run; the file itself has no outputs and no hidden test."""
+    nb = read(ROOT / "exercises" / ASSIGNMENT / f"{NOTEBOOK}.ipynb")
+    for cell in nb.cells:
+        assert "BEGIN HIDDEN" not in cell.source and "BEGIN SOLUTION" not in cell.source
+        assert cell.cell_type != "code" or cell.outputs == []
+
+
 def test_solution_runs_top_to_bottom_without_torch() -> None:
     """The source notebook, explore cells included (the grader skips those), runs clean."""
     from nbclient import NotebookClient
 
     nb = read(ROOT / "solutions" / ASSIGNMENT / f"{NOTEBOOK}.ipynb")
+    nb.cells = [c for c in nb.cells if grade_id(c) != "self_check"]  # it would grade itself
     probe = "import sys\nprint(sorted({'torch', 'transformers'} & set(sys.modules)))"
     nb.cells.append(nbformat.v4.new_code_cell(probe))
     NotebookClient(nb, timeout=120, skip_cells_with_tag="", kernel_name="python3").execute()
-    errors = [
+    errors_ = [
         o for c in nb.cells if c.cell_type == "code" for o in c.outputs if o.output_type == "error"
     ]
-    assert errors == []
+    assert errors_ == []
     explore = [c for c in nb.cells if "skip-execution" in c.metadata.get("tags", [])]
     assert explore and all(c.outputs for c in explore)
     assert nb.cells[-1].outputs[0]["text"].strip() == "[]"

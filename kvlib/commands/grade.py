@@ -1,9 +1,11 @@
-"""``kvlib grade NOTEBOOK``: self-check one exercise notebook with the course's grader."""
+"""``kvlib grade``: self-check one exercise notebook with the course's grader."""
 
 from __future__ import annotations
 
 import argparse
 from typing import Any
+
+from kvlib.commands import fail
 
 __all__ = ["register"]
 
@@ -17,7 +19,9 @@ def register(commands: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Grade the notebook (nbgrader is imported only here)."""
+    """Grade the notebook (nbgrader is imported only here, and only when installed)."""
     from kvlib.grading import selfcheck
 
+    if not selfcheck.grader_installed():
+        return fail("grade", selfcheck.MISSING_GRADER)
     return selfcheck.main(args.notebook, args.json)

@@ -20,12 +20,17 @@ scalar type are accepted: ``bool``, strings, ``NaN``, infinities, subclasses
 and objects with their own ``__eq__`` are refused before any comparison, so
 an object that claims to equal everything cannot pass.
 
+The challenge's own named mistakes are checked before any generic rule: a
+byte count given in KB (98.304 for 98,304 bytes) gets the KB hint, not "not a
+whole number".
+
+``plausible(answer, ...)`` is the visible sanity check under an answer cell:
+it accepts exactly the types and values ``expect`` accepts (the same
+``real_value`` and whole-number rule), then checks a broad range, so it never
+refuses an answer the hidden test would grade right.
+
 ``numbers(challenge, **choices)`` gives each student their own numbers for a
-challenge: one value of each name's choices, drawn by a generator seeded
-with the challenge and the student id (:func:`student_id`). The prompt cell
-and the hidden test make the same call, so the test recomputes the right
-value (and the named wrong ones) for the student being graded, and two
-students cannot share answers.
+challenge (:mod:`kvlib.grading.draw`).
 
 This module imports nothing beyond the standard library: graded notebooks
 import it, and grading must stay fast.
@@ -33,15 +38,19 @@ import it, and grading must stay fast.
 
 from __future__ import annotations
 
-import contextlib
-import contextvars
-import hashlib
 import math
-import os
-import random
 import sys
-from collections.abc import Iterator, Mapping, Sequence
-from typing import Any, NamedTuple
+from collections.abc import Mapping
+from typing import NamedTuple
+
+from kvlib.grading.draw import (
+    DEFAULT_STUDENT,
+    STUDENT_ENV,
+    Numbers,
+    grading_student,
+    numbers,
+    student_id,
+)
 
 __all__ = [
     "DEFAULT_STUDENT",
@@ -53,7 +62,9 @@ __all__ = [
     "diagnose",
     "expect",
     "grading_student",
+    "is_whole",
     "numbers",
+    "plausible",
     "real_value",
     "student_id",
 ]
@@ -72,14 +83,6 @@ HIDDEN_TEST_MODULES = (
     "kvlib.deploy",
     "kvlib.paging",
 )
-
-# The student id a notebook's numbers are drawn for, outside a graded class.
-DEFAULT_STUDENT = "self-study"
-# Set by the grader in each student's kernel; a hub sets JUPYTERHUB_USER.
-STUDENT_ENV = "KVLIB_STUDENT_ID"
-_HUB_ENV = "JUPYTERHUB_USER"
-# The student being graded, in the grader's own process (never read from a kernel).
-_GRADED: contextvars.ContextVar[str | None] = contextvars.ContextVar("graded", default=None)
 
 # NumPy scalar types accepted as answers (looked up by identity in the loaded
 # numpy module, never by name alone: a class can claim any __module__).
@@ -262,17 +265,18 @@ def expect(
         raise TypeError(f"expected must be a finite int or float, got {type(expected).__name__}")
     value = real_value(answer, name, unit)
     in_unit = f" (in {unit})" if unit else ""
-    if integer and value != int(value):
-        raise AssertionError(
-            f"{name} = {value!r} is not a whole number{in_unit}: a fraction of a byte or of a "
-            "seat does not exist. Round down to what fits."
-        )
-    if math.isclose(value, expected, rel_tol=rel, abs_tol=abs):
+    whole = not integer or is_whole(value)
+    if whole and math.isclose(value, expected, rel_tol=rel, abs_tol=abs):
         return
+    for named, wrong in (mistakes or {}).items():
+        if wrong != expected and math.isclose(value, wrong, rel_tol=_MISTAKE_REL):
+            raise AssertionError(f"{name} = {value!r}{in_unit} is wrong: {named}")
+    if not whole:
+        raise AssertionError(_not_whole(name, value, in_unit))
     hint = diagnose(
         value,
         expected,
-        mistakes,
+        None,
         num_layers=num_layers,
         num_attention_heads=num_attention_heads,
         num_kv_heads=num_kv_heads,
@@ -288,80 +292,41 @@ def expect(
     raise AssertionError(f"{name} = {value!r}{in_unit} is wrong: {hint}")
 
 
-def student_id() -> str:
-    """Whose numbers to draw: the student being graded, else ``$KVLIB_STUDENT_ID``,
-    else ``$JUPYTERHUB_USER`` (a learner on the class hub), else ``"self-study"``."""
-    graded = _GRADED.get()
-    if graded is not None:
-        return graded
-    for key in (STUDENT_ENV, _HUB_ENV):
-        value = os.environ.get(key, "").strip()
-        if value:
-            return value
-    return DEFAULT_STUDENT
+def is_whole(value: float | int) -> bool:
+    """Whether a (real, finite) value is a whole number: 98304 and 98304.0 are."""
+    return value == int(value)
 
 
-@contextlib.contextmanager
-def grading_student(student: str) -> Iterator[None]:
-    """Within this block, :func:`numbers` draws for ``student`` (the grader's side)."""
-    if not isinstance(student, str) or not student.strip():
-        raise ValueError(f"a student id must be a non-empty string, got {student!r}")
-    token = _GRADED.set(student.strip())
-    try:
-        yield
-    finally:
-        _GRADED.reset(token)
+def _not_whole(name: str, value: float | int, in_unit: str) -> str:
+    return (
+        f"{name} = {value!r} is not a whole number{in_unit}: a count of bytes, seats or "
+        "tokens has no fraction. If you divided, round down to what fits."
+    )
 
 
-class Numbers(Mapping[str, Any]):
-    """One student's numbers for one challenge: read-only, by name or attribute."""
+def plausible(
+    answer: object,
+    name: str,
+    unit: str,
+    *,
+    low: float,
+    high: float,
+    integer: bool = False,
+) -> None:
+    """The visible sanity check: a number ``expect`` would grade, between ``low`` and ``high``.
 
-    __slots__ = ("_challenge", "_values")
-
-    def __init__(self, challenge: str, values: Mapping[str, Any]) -> None:
-        object.__setattr__(self, "_challenge", challenge)
-        object.__setattr__(self, "_values", dict(values))
-
-    def __getattr__(self, name: str) -> Any:
-        values: dict[str, Any] = object.__getattribute__(self, "_values")
-        if name in values:
-            return values[name]
-        raise AttributeError(f"challenge {self._challenge!r} has no number {name!r}")
-
-    def __setattr__(self, name: str, value: object) -> None:
-        raise AttributeError("a challenge's numbers are read-only")
-
-    def __getitem__(self, name: str) -> Any:
-        return self._values[name]
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._values)
-
-    def __len__(self) -> int:
-        return len(self._values)
-
-    def __repr__(self) -> str:
-        inner = ", ".join(f"{k}={v!r}" for k, v in self._values.items())
-        return f"Numbers({inner})"
-
-
-def numbers(challenge: str, /, **choices: Sequence[Any]) -> Numbers:
-    """Draw one value from each name's ``choices`` for the current :func:`student_id`.
-
-    ``numbers("02_paging/blocks", block_size=(8, 16, 32), context=range(1000, 9000))``
-    always gives the same student the same numbers, and different students
-    (almost always) different ones. Values that must agree with each other
-    (query heads and the KV heads that divide them) are drawn together as
-    one tuple: ``heads=((32, 8), (40, 8), (64, 4))``.
+    Accepts what ``expect(..., integer=integer)`` accepts and nothing else, so
+    it never contradicts the hidden test; the range only catches answers far
+    off (a unit slip of 1000x), and says nothing about the value being right.
+    Prints one line when the answer passes.
     """
-    if not isinstance(challenge, str) or not challenge:
-        raise ValueError("numbers() needs the challenge's name, e.g. '02_paging/blocks'")
-    seed = hashlib.sha256(f"{challenge}\0{student_id()}".encode()).digest()
-    rng = random.Random(seed)
-    drawn = {}
-    for name in sorted(choices):
-        options = list(choices[name])
-        if not options:
-            raise ValueError(f"numbers({challenge!r}): {name} has no choices")
-        drawn[name] = rng.choice(options)
-    return Numbers(challenge, {name: drawn[name] for name in choices})
+    value = real_value(answer, name, unit)
+    in_unit = f" (in {unit})" if unit else ""
+    if integer and not is_whole(value):
+        raise AssertionError(_not_whole(name, value, in_unit))
+    if not low <= value <= high:
+        raise AssertionError(
+            f"{name} = {value!r}{in_unit} is not plausible here: expect between "
+            f"{low:,g} and {high:,g}. Check the unit."
+        )
+    print(f"{name} is a plausible number{in_unit}; the hidden test checks its value.")

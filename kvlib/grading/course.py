@@ -8,27 +8,36 @@ a temporary directory with a copy of ``solutions/<assignment>`` and an
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import subprocess
 import sys
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
+from typing import Any
+
+from kvlib.grading.limits import Limits
 
 __all__ = [
     "NbgraderError",
     "assignment_ids",
     "course_root",
     "make_course",
+    "nbgrader_api",
     "run_nbgrader",
+    "scripts_on_path",
 ]
 
 _CONFIG = '''"""Throwaway course: the same settings as the repository's nbgrader_config.py."""
 
 from kvlib.grading.autograde import configure
+from kvlib.grading.limits import Limits
 
 c = get_config()  # noqa: F821
-configure(c, {root!r}, sandbox={sandbox!r}, timeout_s={timeout_s!r})
+configure(
+    c, {root!r}, sandbox={sandbox!r}, timeout_s={timeout_s!r}, limits={limits!r}, db_url={db_url!r}
+)
 '''
 
 
@@ -65,8 +74,14 @@ def make_course(
     *,
     sandbox: str = "require",
     timeout_s: int = 30,
+    limits: Limits | None = None,
+    db_url: str | None = None,
 ) -> Path:
-    """Fill ``directory`` with a course holding copies of ``assignments`` from ``root``."""
+    """Fill ``directory`` with a course holding copies of ``assignments`` from ``root``.
+
+    Its gradebook is ``db_url``, else SQLite in ``directory`` (never the class's
+    ``$KVLIB_GRADEBOOK_URL``: a throwaway course must not write to a real gradebook).
+    """
     directory.mkdir(parents=True, exist_ok=True)
     for assignment in assignments:
         shutil.copytree(
@@ -74,9 +89,37 @@ def make_course(
             directory / "solutions" / assignment,
             ignore=shutil.ignore_patterns(".ipynb_checkpoints", "__pycache__"),
         )
-    config = _CONFIG.format(root=str(directory.resolve()), sandbox=sandbox, timeout_s=timeout_s)
+    root_dir = directory.resolve()
+    config = _CONFIG.format(
+        root=str(root_dir),
+        sandbox=sandbox,
+        timeout_s=timeout_s,
+        limits=limits or Limits(),
+        db_url=db_url or f"sqlite:///{root_dir / 'gradebook.db'}",
+    )
     (directory / "nbgrader_config.py").write_text(config)
     return directory
+
+
+@contextlib.contextmanager
+def scripts_on_path() -> Iterator[None]:
+    """This interpreter's scripts folder first on PATH (nbgrader runs ``alembic`` from it)."""
+    before = os.environ.get("PATH", "")
+    os.environ["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), before])
+    try:
+        yield
+    finally:
+        os.environ["PATH"] = before
+
+
+def nbgrader_api(course: Path) -> Any:
+    """nbgrader's Python API on ``course`` (with its ``nbgrader_config.py``), in this process:
+    nbgrader is imported once, not once per command."""
+    from nbgrader.apps import NbGraderAPI
+    from traitlets.config.loader import PyFileConfigLoader
+
+    config = PyFileConfigLoader("nbgrader_config.py", path=str(course)).load_config()
+    return NbGraderAPI(config=config)
 
 
 def run_nbgrader(course: Path, *args: str, timeout_s: float = 1800) -> str:

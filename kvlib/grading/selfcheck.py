@@ -1,27 +1,50 @@
 """``kvlib grade NOTEBOOK``: grade one notebook the way the course's grader will.
 
 The notebook is matched to its assignment in ``solutions/`` by its nbgrader
-cell ids, then graded with nbgrader itself in a throwaway course directory:
-``generate_assignment``, submit the notebook as one student, ``autograde``.
+cell ids, then graded with nbgrader itself (its Python API, in this process) in
+a throwaway course directory: ``generate_assignment``, submit the notebook as
+one student, ``autograde``.
 Scores come from nbgrader's gradebook, hints from the hidden tests' messages.
+The student is the one whose numbers the notebook drew
+(:func:`kvlib.grading.student_id`).
 
 ``--json`` prints ``{"score", "max_score", "challenges": [{"name", "score",
 "max_score", "hint"}]}``.
+
+:func:`check_notebook` is the same check from inside Jupyter: the last cell of
+each exercise notebook calls it on the saved notebook and prints the same
+report. Without nbgrader (kvlib installed alone) both say, in one line, which
+extra to install.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import sys
 import tempfile
+import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-__all__ = ["Challenge", "Report", "SelfCheckError", "grade", "main"]
+__all__ = [
+    "MISSING_GRADER",
+    "Challenge",
+    "Report",
+    "SelfCheckError",
+    "check_notebook",
+    "format_report",
+    "grade",
+    "grader_installed",
+    "main",
+]
 
+MISSING_GRADER = (
+    "grading needs nbgrader, which is not installed with kvlib alone: pip install 'kvlib[grading]'"
+)
 # nbgrader keeps each student in a folder named by the id.
 _SAFE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._@+-]{0,99}$")
 
@@ -112,7 +135,7 @@ def grade(notebook: str | Path, *, timeout_s: int = 30) -> Report:
 
     from kvlib.grading import STUDENT_ENV, student_id
     from kvlib.grading.autograde import is_test_cell
-    from kvlib.grading.course import NbgraderError, course_root, make_course, run_nbgrader
+    from kvlib.grading.course import course_root, make_course, nbgrader_api, scripts_on_path
 
     path = Path(notebook)
     nb = _read(path)
@@ -133,11 +156,15 @@ def grade(notebook: str | Path, *, timeout_s: int = 30) -> Report:
         submitted = course / "submitted" / student / assignment
         submitted.mkdir(parents=True)
         shutil.copyfile(path, submitted / f"{name}.ipynb")
-        try:
-            run_nbgrader(course, "generate_assignment", assignment, "--force")
-            run_nbgrader(course, "autograde", assignment, f"--student={student}")
-        except NbgraderError as err:
-            raise SelfCheckError(str(err).splitlines()[0]) from None
+        api = nbgrader_api(course)
+        with scripts_on_path():
+            for result in (
+                api.generate_assignment(assignment, force=True, create=True),
+                api.autograde(assignment, student, force=True, create=True),
+            ):
+                if not result["success"]:
+                    lines = str(result.get("error") or "grading failed").strip().splitlines()
+                    raise SelfCheckError(lines[-1])
         graded = _read(course / "autograded" / student / assignment / f"{name}.ipynb")
         with Gradebook(f"sqlite:///{course / 'gradebook.db'}") as gb:
             submission = gb.find_submission_notebook(name, assignment, student)
@@ -171,8 +198,53 @@ def format_report(report: Report) -> str:
     return "\n".join(lines)
 
 
+def grader_installed() -> bool:
+    """Whether nbgrader (and so the grader) can be imported here."""
+    import importlib.util
+
+    return all(importlib.util.find_spec(m) is not None for m in ("nbgrader", "nbformat"))
+
+
+def _this_notebook() -> Path | None:
+    """The notebook this kernel runs: Jupyter names it in ``$JPY_SESSION_NAME``; else the
+    most recently saved notebook here that has the self-check cell."""
+    session = os.environ.get("JPY_SESSION_NAME", "")
+    if session.endswith(".ipynb") and Path(session).is_file():
+        return Path(session)
+    found = []
+    for path in Path.cwd().glob("*.ipynb"):
+        try:
+            if '"self_check"' in path.read_text(encoding="utf-8", errors="replace"):
+                found.append(path)
+        except OSError:
+            continue
+    return max(found, key=lambda p: p.stat().st_mtime) if found else None
+
+
+def check_notebook(notebook: str | os.PathLike[str] | None = None) -> None:
+    """Grade the saved copy of this notebook (or ``notebook``) and print the report."""
+    if not grader_installed():
+        print(f"kvlib grade: {MISSING_GRADER}")
+        return
+    path = Path(notebook) if notebook is not None else _this_notebook()
+    if path is None:
+        print("kvlib grade: cannot tell which notebook this is; call check_notebook('name.ipynb')")
+        return
+    saved = time.strftime("%H:%M:%S", time.localtime(path.stat().st_mtime))
+    print(f"Grading {path.name} as saved at {saved} ...", flush=True)
+    try:
+        report = grade(path)
+    except SelfCheckError as err:
+        print(f"kvlib grade: {err}")
+        return
+    print(format_report(report))
+
+
 def main(notebook: str, as_json: bool) -> int:
     """Grade ``notebook`` and print the report; 0 on success, 2 if it cannot be graded."""
+    if not grader_installed():
+        print(f"kvlib grade: {MISSING_GRADER}", file=sys.stderr)
+        return 2
     try:
         report = grade(notebook)
     except SelfCheckError as err:
