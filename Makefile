@@ -22,7 +22,7 @@ book: $(STAMP) release
 test: $(STAMP) system-deps
 	$(PY) -m ruff check kvlib tests scripts nbgrader_config.py
 	$(PY) -m mypy
-	$(PY) -m pytest
+	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) -m pytest -n auto --dist loadscope
 
 lint: $(STAMP)
 	$(PY) -m ruff check kvlib tests scripts nbgrader_config.py

@@ -100,7 +100,7 @@ class RepairingExporter(NotebookExporter):
 
 @functools.cache
 def _validator(schema_json: str) -> Any:
-    import jsonschema  # type: ignore[import-untyped]
+    import jsonschema
 
     schema = json.loads(schema_json)
     cls = jsonschema.validators.validator_for(schema)
