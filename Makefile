@@ -22,7 +22,7 @@ book: $(STAMP) release
 test: $(STAMP) system-deps
 	$(PY) -m ruff check kvlib tests scripts nbgrader_config.py
 	$(PY) -m mypy
-	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) -m pytest -n auto --dist loadscope
+	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) -m pytest -n auto --dist loadscope --durations=25
 
 lint: $(STAMP)
 	$(PY) -m ruff check kvlib tests scripts nbgrader_config.py

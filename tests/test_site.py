@@ -324,7 +324,10 @@ def test_build_script_fails_on_any_warning(tmp_path: Path, case: str) -> None:
     shutil.copy(ROOT / "_config.yml", tmp_path / "_config.yml")
     (tmp_path / "_toc.yml").write_text("format: jb-book\nroot: index\n")
     (tmp_path / "index.md").write_text(_PAGE_HEADER + body)
+    # The paths _config.yml names for static and extra files, as the course has them.
     (tmp_path / "_vendor").symlink_to(ROOT / "_vendor", target_is_directory=True)
+    (tmp_path / "book").mkdir()
+    (tmp_path / "book" / "_root").symlink_to(ROOT / "book" / "_root", target_is_directory=True)
     result = subprocess.run(
         [sys.executable, str(ROOT / "scripts" / "build_book.py"), "--source", str(tmp_path)],
         capture_output=True,
