@@ -171,8 +171,10 @@ def test_make_lab_is_offline(tmp_path: Path) -> None:
     """The command `make lab` runs, started headless: no news prompt, no update check."""
     # Run under `make test`, an inner make would print "Entering/Leaving directory".
     quiet = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MAKELEVEL", "MFLAGS")}
-    dry = subprocess.run(["make", "-n", "--no-print-directory", "-o", ".venv/.installed", "lab"],
-                         cwd=ROOT, env=quiet, capture_output=True, text=True, check=True)  # fmt: skip
+    dry = subprocess.run(
+        ["make", "-n", "--no-print-directory", "-o", ".venv/.installed", "lab"],
+        cwd=ROOT, env=quiet, capture_output=True, text=True, check=True,
+    )  # fmt: skip
     command = dry.stdout.replace("\\\n", " ").strip().splitlines()[-1]
     assert command.startswith(".venv/bin/jupyter lab exercises")
     port = _free_port()
