@@ -25,15 +25,16 @@ from typing import Any
 import nbformat
 from assignments.a01_kv_cache import WRONG
 
-from kvlib.grading import Numbers, grading_student, numbers
+from kvlib.grading import Numbers, grading_student
 
 ROOT = Path(__file__).resolve().parents[1]
 ASSIGNMENT = "01_kv_cache"
 NOTEBOOK = "kv_cache"
 SOURCE = ROOT / "solutions" / ASSIGNMENT / f"{NOTEBOOK}.ipynb"
 RELEASE = ROOT / "exercises" / ASSIGNMENT / f"{NOTEBOOK}.ipynb"
-CHALLENGES = ("bytes_per_token", "seats", "prefill_s")
-POINTS = {"bytes_per_token": 2.0, "seats": 2.0, "prefill_s": 2.0}
+CHALLENGES = ("bytes_per_token", "seats", "prefill_s", "conversation_bytes", "batch_tokens_per_s")
+POINTS = dict.fromkeys(CHALLENGES, 2.0)
+TOTAL = sum(POINTS.values())  # a right notebook's score
 GiB = 2**30
 
 # Right answers written as a learner would, on the student's numbers N.
@@ -42,6 +43,14 @@ RIGHT = {
     "answer_seats": "seats = int(N.free_gib * 2**30 / (N.context_tokens * N.kv_bytes_per_token))",
     "answer_prefill_s": "prefill_s = 2 * N.params_billion * 1e9 * N.prompt_tokens / "
     "(N.tflop_per_s * 1e12)",
+    "answer_conversation_bytes": "per = 2 * config['num_key_value_heads'] * config['head_dim']"
+    " * 2\n"
+    "held = [N.context_tokens if t == 'full_attention' else config['sliding_window'] - 1\n"
+    "        for t in config['layer_types']]\n"
+    "conversation_bytes = per * sum(held)",
+    "answer_batch_tokens_per_s": "step_bytes = N.params_billion * 1e9 * N.bytes_per_weight + "
+    "N.batch * N.context_tokens * N.kv_bytes_per_token\n"
+    "batch_tokens_per_s = N.batch * N.tb_per_s * 1e12 / step_bytes",
 }
 
 # The classic wrong answer of each challenge and a phrase of the hint it must get.
@@ -63,8 +72,9 @@ def cell_source(name: str, path: Path = SOURCE) -> str:
 
 def drawn(challenge: str, student: str) -> Numbers:
     """The numbers ``student``'s prompt cell of ``challenge`` draws (the cell itself runs)."""
-    namespace: dict[str, Any] = {"numbers": numbers}
+    namespace: dict[str, Any] = {}
     with grading_student(student), contextlib.redirect_stdout(io.StringIO()):
+        exec(cell_source("setup"), namespace)  # the notebook's own imports
         exec(cell_source(f"numbers_{challenge}"), namespace)
     result: Numbers = namespace["N"]
     return result
@@ -72,11 +82,19 @@ def drawn(challenge: str, student: str) -> Numbers:
 
 def expected(student: str) -> dict[str, float]:
     """The right answer of each challenge for ``student``."""
-    b, s, p = (drawn(c, student) for c in CHALLENGES)
+    b, s, p, c, d = (drawn(name, student) for name in CHALLENGES)
+    _, kv_heads, head_dim, _ = c.attention
+    full = c.layers // c.full_every  # layer i is full when (i + 1) % full_every == 0
+    held = full * c.context_tokens + (c.layers - full) * min(c.context_tokens, c.window - 1)
+    step_bytes = d.params_billion * 1e9 * d.bytes_per_weight + (
+        d.batch * d.context_tokens * d.kv_bytes_per_token
+    )
     return {
         "bytes_per_token": 2 * b.layers * b.kv_heads * b.head_dim,
         "seats": math.floor(s.free_gib * GiB / (s.context_tokens * s.kv_bytes_per_token)),
         "prefill_s": 2 * p.params_billion * 1e9 * p.prompt_tokens / (p.tflop_per_s * 1e12),
+        "conversation_bytes": 2 * kv_heads * head_dim * 2 * held,
+        "batch_tokens_per_s": d.batch * d.tb_per_s * 1e12 / step_bytes,
     }
 
 
@@ -157,10 +175,10 @@ def _class(release: Path) -> dict[str, Any]:
 
 # The class both ways: scores expected, and a phrase of the flag each student must get.
 CLASS = {
-    "right_1": (6.0, ""), "right_2": (6.0, ""), "blank": (0.0, ""),
-    "wrong_bytes_per_token": (4.0, ""), "wrong_seats": (4.0, ""), "wrong_prefill_s": (4.0, ""),
-    "duplicated": (6.0, "answer_seats appeared 2 times"),
-    "deleted_test": (6.0, "hidden-test cell prefill_s was deleted: restored"),
+    "right_1": (TOTAL, ""), "right_2": (TOTAL, ""), "blank": (0.0, ""),
+    **{f"wrong_{name}": (TOTAL - POINTS[name], "") for name in CHALLENGES},
+    "duplicated": (TOTAL, "answer_seats appeared 2 times"),
+    "deleted_test": (TOTAL, "hidden-test cell prefill_s was deleted: restored"),
     "unreadable": (0.0, "not a readable notebook"),
 }  # fmt: skip
 

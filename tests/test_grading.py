@@ -186,6 +186,17 @@ class TestSpecificMistakes:
         hint = "you gave milliseconds"
         assert hint in failure(960.0000001, 0.96, rel=0.01, mistakes={hint: 960.0})
 
+    def test_slips_giving_the_same_value_are_all_named(self) -> None:
+        """Query heads twice the KV heads and 4-byte elements both double the bytes."""
+        slips = {
+            "you used the 8 attention heads": 2 * BRIEF_BYTES,
+            "you used 4 bytes per element": 2 * BRIEF_BYTES,
+            "you gave KiB": 160.0,
+        }
+        message = failure(2 * BRIEF_BYTES, BRIEF_BYTES, rel=0, mistakes=slips)
+        assert message.endswith("you used the 8 attention heads; or you used 4 bytes per element")
+        assert diagnose(2 * BRIEF_BYTES, BRIEF_BYTES, slips) == message.split("wrong: ")[1]
+
 
 class TestMessagesHideTheAnswer:
     @given(

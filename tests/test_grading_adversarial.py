@@ -31,8 +31,10 @@ from grading_support import (
     ASSIGNMENT,
     CHALLENGES,
     NOTEBOOK,
+    POINTS,
     RIGHT,
     ROOT,
+    TOTAL,
     built_once,
     errors,
     expected,
@@ -163,10 +165,10 @@ class Student:
 
 
 def _students() -> dict[str, Student]:
-    lose_seats = 4.0
+    lose_seats = TOTAL - POINTS["seats"]
     s = {
-        "honest_1": Student(RIGHT, 6.0),
-        "honest_2": Student(RIGHT, 6.0),
+        "honest_1": Student(RIGHT, TOTAL),
+        "honest_2": Student(RIGHT, TOTAL),
         "honest_numpy": Student(
             {
                 **RIGHT,
@@ -174,7 +176,7 @@ def _students() -> dict[str, Student]:
                 "seats = np.int64(N.free_gib * 2**30) // np.int64("
                 "N.context_tokens * N.kv_bytes_per_token)",
             },
-            6.0,
+            TOTAL,
         ),  # fmt: skip
         "infinite_loop": Student({**RIGHT, "answer_seats": LOOP}, lose_seats, "did not finish"),
         "stubborn_loop": Student({**RIGHT, "answer_seats": STUBBORN}, lose_seats, "did not finish"),
@@ -203,8 +205,8 @@ def _students() -> dict[str, Student]:
             "was edited",
             ("seats", "seats = 1 "),
         ),  # fmt: skip
-        "deleted_tests": Student(RIGHT, 6.0, "was deleted: restored"),
-        "duplicated_cell": Student(RIGHT, 6.0, "appeared 2 times"),
+        "deleted_tests": Student(RIGHT, TOTAL, "was deleted: restored"),
+        "duplicated_cell": Student(RIGHT, TOTAL, "appeared 2 times"),
         "always_equal": Student(
             {"answer_bytes_per_token": ALWAYS_EQUAL}, 0.0, "", ("seats", "Anything")
         ),  # fmt: skip
@@ -217,10 +219,10 @@ def _students() -> dict[str, Student]:
             {"answer_bytes_per_token": MONKEYPATCH}, 0.0, "", ("seats", "seats")
         ),  # fmt: skip
         "snoop": Student({"answer_bytes_per_token": SNOOP}, 0.0),
-        "symlinked_solution": Student(RIGHT, 6.0, "link or special file"),
+        "symlinked_solution": Student(RIGHT, TOTAL, "link or special file"),
         # nbgrader alone fails on a named pipe (and would copy /dev/zero forever through a
         # link): make grade sets such entries aside before nbgrader sees them.
-        "named_pipe": Student(RIGHT, 6.0, "pipe is a link or special file"),
+        "named_pipe": Student(RIGHT, TOTAL, "pipe is a link or special file"),
         "network": Student({"answer_bytes_per_token": NETWORK}, 0.0),
         "write_course": Student({"answer_bytes_per_token": WRITE_COURSE}, 0.0),
         "escape": Student({"answer_bytes_per_token": ESCAPE}, 0.0),
@@ -313,7 +315,7 @@ def test_batch_finished_and_graded_everyone(batch: Batch) -> None:
 def test_score_and_flags(batch: Batch, name: str) -> None:
     student, row = STUDENTS[name], grades(batch.course)[name]
     assert float(row["score"]) == student.score
-    assert float(row["max_score"]) == 6.0  # forged points change nothing
+    assert float(row["max_score"]) == TOTAL  # forged points change nothing
     if student.flag:  # one of the phrases separated by "|"
         assert any(phrase in row["flags"] for phrase in student.flag.split("|")), row["flags"]
     elif name.startswith("honest"):
@@ -345,7 +347,7 @@ def test_symlinked_solution_never_reached_the_student(batch: Batch) -> None:
 
 
 def test_copied_answers_were_right_for_someone_else(batch: Batch) -> None:
-    assert grades(batch.course)["honest_1"]["score"] == "6.0"
+    assert grades(batch.course)["honest_1"]["score"] == str(TOTAL)
     mine, theirs = expected("copied_answers"), expected("honest_1")
     assert all(mine[c] != theirs[c] for c in CHALLENGES)
 

@@ -28,12 +28,45 @@ from kvlib.grading.hidden import free_names, run_hidden_test
 
 GiB = 2**30
 
-Mistakes = list[tuple[Callable[[Any], float], str]]
+Mistakes = list[tuple[Callable[[Any], float | None], str]]
 RIGHT: dict[str, Callable[[Any], float]] = {
     "bytes_per_token": lambda n: 2 * n.layers * n.kv_heads * n.head_dim,
     "seats": lambda n: n.free_gib * GiB // (n.context_tokens * n.kv_bytes_per_token),
     "prefill_s": lambda n: 2 * n.params_billion * 1e9 * n.prompt_tokens / (n.tflop_per_s * 1e12),
+    "conversation_bytes": lambda n: _conversation(n),
+    "batch_tokens_per_s": lambda n: _batch(n),
 }
+
+
+def _conversation(
+    n: Any, *, head_dim: int | None = None, heads: str = "kv", width: int = 2, window: int = -1,
+    full_tokens: str = "T", sliding_tokens: str = "W",
+) -> int:
+    """One conversation's cache of the config challenge, with the slips a learner makes:
+    another head width or head count, ``width`` bytes per element, a window of
+    ``W + window`` tokens, and the tokens each kind of layer is counted at."""
+    query_heads, kv_heads, real_head_dim, _ = n.attention
+    full = n.layers // n.full_every
+    held = {"T": n.context_tokens, "W": min(n.context_tokens, n.window + window)}
+    per = 2 * (kv_heads if heads == "kv" else query_heads) * (head_dim or real_head_dim) * width
+    return per * (full * held[full_tokens] + (n.layers - full) * held[sliding_tokens])
+
+
+def _batch(n: Any, *, shared: bool = True, bandwidth: float = 1e12, cache_of: int = 0,
+           weight_bytes: int = 0, kv: bool = True, weights: bool = True) -> float:  # fmt: skip
+    """The batch's decode bound, ``B x BW / (P b + B T kv)``, with the slips a learner makes."""
+    b = weight_bytes or n.bytes_per_weight
+    weight_read = (n.params_billion * 1e9 * b if weights else 0) * (1 if shared else n.batch)
+    cache_read = (cache_of or n.batch) * n.context_tokens * n.kv_bytes_per_token if kv else 0
+    return n.batch * n.tb_per_s * bandwidth / (weight_read + cache_read)
+
+
+def _swapped(n: Any) -> int | None:
+    """Full and sliding layers swapped: the same bytes when there are as many of each."""
+    full = n.layers // n.full_every
+    if 2 * full == n.layers:
+        return None
+    return _conversation(n, full_tokens="W", sliding_tokens="T")
 MISTAKES: dict[str, Mistakes] = {
     "bytes_per_token": [
         (lambda n: 2 * n.layers * n.kv_heads * n.group * n.head_dim, "attention heads"),
@@ -59,6 +92,27 @@ MISTAKES: dict[str, Mistakes] = {
         (lambda n: 2 * n.params_billion * 1e9 * n.prompt_tokens / (n.tflop_per_s * 2**40), "dec"),
     ],
 }
+MISTAKES["conversation_bytes"] = [
+    (lambda n: _conversation(n, sliding_tokens="T"), "every layer at the full"),
+    (lambda n: _conversation(n, window=0), "the window includes the current token"),
+    (lambda n: _conversation(n, full_tokens="W"), "capped every layer"),
+    (_swapped, "swapped the layer kinds"),
+    (lambda n: _conversation(n, head_dim=n.attention[3] // n.attention[0]), "as the head width"),
+    (lambda n: _conversation(n, heads="query"), "attention heads"),
+    (lambda n: _conversation(n) // 2, "factor 2"),
+    (lambda n: _conversation(n, width=4), "4 bytes per element"),
+    (lambda n: _conversation(n) / GiB, "GiB"),
+]
+MISTAKES["batch_tokens_per_s"] = [
+    (lambda n: _batch(n, shared=False), "once per conversation"),
+    (lambda n: _batch(n) / n.batch, "one conversation's speed"),
+    (lambda n: _batch(n, cache_of=1), "one conversation's cache"),
+    (lambda n: _batch(n, kv=False), "left out the KV cache"),
+    (lambda n: _batch(n, weights=False), "left out the weights"),
+    (lambda n: _batch(n, weight_bytes=3 - n.bytes_per_weight), "byte(s) per weight"),
+    (lambda n: _batch(n, bandwidth=2**40), "dec"),
+    (lambda n: n.batch / _batch(n), "seconds per step"),
+]
 PHRASES = {"round": "round down", "ms": "milliseconds", "dec": "decimal", "6 F": "6 FLOPs"}
 
 
@@ -131,6 +185,8 @@ def test_every_draw(challenge: str, monkeypatch: pytest.MonkeyPatch) -> None:
                              "MiB": 2**20})  # fmt: skip
             for wrong_of, phrase in MISTAKES[challenge]:
                 wrong = wrong_of(n)
+                if wrong is None:  # the slip gives the right value for these numbers
+                    continue
                 message = verdict(code, challenge, wrong)
                 assert PHRASES.get(phrase, phrase) in message, (n, wrong, message)
                 own = message.split(" is wrong", 1)[-1]

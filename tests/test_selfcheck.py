@@ -21,6 +21,7 @@ from grading_support import (
     RIGHT,
     ROOT,
     SOURCE,
+    TOTAL,
     expected,
     grade_id,
     read,
@@ -45,7 +46,7 @@ def test_solution_full_marks() -> None:
     report = grade(SOURCE)
     assert (report.assignment, report.notebook) == ("01_kv_cache", "kv_cache")
     assert [c.name for c in report.challenges] == list(CHALLENGES)
-    assert report.score == report.max_score == 6.0
+    assert report.score == report.max_score == TOTAL
     assert all(c.hint == "" for c in report.challenges)
 
 
@@ -61,7 +62,7 @@ def test_json_with_classic_mistakes(tmp_path: Path) -> None:
     )
     report = json.loads(proc.stdout)
     assert set(report) == {"score", "max_score", "challenges"}
-    assert report["score"] == 0.0 and report["max_score"] == 6.0
+    assert report["score"] == 0.0 and report["max_score"] == TOTAL
     assert type(report["score"]) is float and type(report["max_score"]) is float
     for challenge, name in zip(report["challenges"], CHALLENGES, strict=True):
         assert set(challenge) == {"name", "score", "max_score", "hint"}
@@ -79,7 +80,7 @@ def test_graded_on_the_learners_own_numbers(
     own = expected("ada")
     assert all(own[c] != expected("self-study")[c] for c in CHALLENGES)
     literal = {f"answer_{c}": f"{c} = {own[c]!r}" for c in CHALLENGES}
-    assert grade(write(submission(literal), tmp_path / "kv_cache.ipynb")).score == 6.0
+    assert grade(write(submission(literal), tmp_path / "kv_cache.ipynb")).score == TOTAL
 
 
 def test_last_cell_prints_the_same_report(
@@ -102,7 +103,7 @@ def test_last_cell_prints_the_same_report(
     report = format_report(grade(path))
     assert printed.rstrip().endswith(report)
     assert re.search(r"seats +0 / 2  missed", report) and report.splitlines()[0].endswith(
-        ": 4 / 6 points"
+        f": {TOTAL - 2:g} / {TOTAL:g} points"
     )
 
 

@@ -30,7 +30,8 @@ it accepts exactly the types and values ``expect`` accepts (the same
 refuses an answer the hidden test would grade right.
 
 ``numbers(challenge, **choices)`` gives each student their own numbers for a
-challenge (:mod:`kvlib.grading.draw`).
+challenge (:mod:`kvlib.grading.draw`); ``sliding_config`` builds a student's
+own ``config.json`` from them (:mod:`kvlib.grading.configs`).
 
 This module imports nothing beyond the standard library: graded notebooks
 import it, and grading must stay fast.
@@ -43,6 +44,7 @@ import sys
 from collections.abc import Mapping
 from typing import NamedTuple
 
+from kvlib.grading.configs import config_text, sliding_config
 from kvlib.grading.draw import (
     DEFAULT_STUDENT,
     STUDENT_ENV,
@@ -58,6 +60,7 @@ __all__ = [
     "STUDENT_ENV",
     "Mistake",
     "Numbers",
+    "config_text",
     "describe_type_problem",
     "diagnose",
     "expect",
@@ -66,6 +69,7 @@ __all__ = [
     "numbers",
     "plausible",
     "real_value",
+    "sliding_config",
     "student_id",
 ]
 
@@ -220,9 +224,9 @@ def diagnose(
     Challenge-specific ``mistakes`` (exact wrong values) are tried first, then
     the generic factors one at a time, then pairs of them (two slips at once).
     """
-    for hint, wrong in (mistakes or {}).items():
-        if wrong != expected and math.isclose(value, wrong, rel_tol=_MISTAKE_REL):
-            return hint
+    named = _named_slips(value, expected, mistakes)
+    if named:
+        return named
     if not generic or expected == 0 or value == 0:
         return None
     ratio = value / expected
@@ -268,9 +272,9 @@ def expect(
     whole = not integer or is_whole(value)
     if whole and math.isclose(value, expected, rel_tol=rel, abs_tol=abs):
         return
-    for named, wrong in (mistakes or {}).items():
-        if wrong != expected and math.isclose(value, wrong, rel_tol=_MISTAKE_REL):
-            raise AssertionError(f"{name} = {value!r}{in_unit} is wrong: {named}")
+    named = _named_slips(value, expected, mistakes)
+    if named:
+        raise AssertionError(f"{name} = {value!r}{in_unit} is wrong: {named}")
     if not whole:
         raise AssertionError(_not_whole(name, value, in_unit))
     hint = diagnose(
@@ -290,6 +294,15 @@ def expect(
             f"formula and the unit{in_unit}."
         )
     raise AssertionError(f"{name} = {value!r}{in_unit} is wrong: {hint}")
+
+
+def _named_slips(value: float, expected: float, mistakes: Mapping[str, float] | None) -> str:
+    """The hints of every listed slip that gives ``value``, joined: two slips can give the
+    same number (query heads twice the KV heads, and 4-byte elements), and naming only one
+    would send a learner after the wrong one."""
+    hints = [hint for hint, wrong in (mistakes or {}).items()
+             if wrong != expected and math.isclose(value, wrong, rel_tol=_MISTAKE_REL)]  # fmt: skip
+    return "; or ".join(hints)
 
 
 def is_whole(value: float | int) -> bool:

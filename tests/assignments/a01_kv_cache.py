@@ -15,4 +15,16 @@ WRONG = {
         "prefill_s = N.params_billion * 1e9 * N.prompt_tokens / (N.tflop_per_s * 1e12)",
         "left out the 2",
     ),
+    "conversation_bytes": (
+        "conversation_bytes = sum(2 * config['num_key_value_heads'] * config['head_dim'] * 2\n"
+        "    * min(N.context_tokens, config['sliding_window'])\n"
+        "    if kind == 'sliding_attention' else 2 * config['num_key_value_heads']\n"
+        "    * config['head_dim'] * 2 * N.context_tokens for kind in config['layer_types'])",
+        "the window includes the current token",
+    ),
+    "batch_tokens_per_s": (
+        "batch_tokens_per_s = N.batch * N.tb_per_s * 1e12 / (N.batch * (N.params_billion * 1e9\n"
+        "    * N.bytes_per_weight + N.context_tokens * N.kv_bytes_per_token))",
+        "share one read of the weights",
+    ),
 }
