@@ -6,7 +6,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: book test lint typecheck unit release check lab serve browser grading-deps system-deps clean
+.PHONY: book test lint typecheck unit release check lab serve browser book-deps grading-deps system-deps clean
 
 $(STAMP): requirements.txt constraints.txt pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -15,7 +15,7 @@ $(STAMP): requirements.txt constraints.txt pyproject.toml
 	touch $@
 
 ## book: generate the exercises, then build the site into _build/html (warnings are errors)
-book: $(STAMP) release
+book: $(STAMP) book-deps release
 	$(PY) scripts/build_book.py
 
 ## test: lint, type-check, then every test (unit, reference, notebooks, grading, site)
@@ -61,14 +61,19 @@ serve:
 browser:
 	@command -v chromium >/dev/null 2>&1 || { apt-get update -qq && apt-get install -y -qq --no-install-recommends chromium >/dev/null; }
 
+# npm installs Pyodide (package-lock.json) for the calculator page (Debian package npm).
+book-deps:
+	@command -v npm >/dev/null 2>&1 || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends npm >/dev/null; }
+
 # bubblewrap sandboxes student kernels during grading (Debian package bubblewrap).
 grading-deps:
 	@command -v bwrap >/dev/null 2>&1 || { apt-get update -qq && apt-get install -y -qq --no-install-recommends bubblewrap >/dev/null; }
 
 # Every Debian package the tests start for real: Chromium (site), bubblewrap (grading
-# sandbox), Redis (rate limiter) and PostgreSQL (gradebook). Installed once, when missing.
+# sandbox), Redis (rate limiter) and PostgreSQL (gradebook), and npm (the site's Pyodide).
+# Installed once, when missing.
 SYSTEM_PACKAGES := chromium:chromium bwrap:bubblewrap redis-server:redis-server \
-	/usr/lib/postgresql/15/bin/initdb:postgresql
+	/usr/lib/postgresql/15/bin/initdb:postgresql npm:npm
 system-deps:
 	@missing=""; for pair in $(SYSTEM_PACKAGES); do \
 	  cmd=$${pair%%:*}; pkg=$${pair#*:}; \
