@@ -8,6 +8,7 @@ links that resolve, and not a single request to another host.
 
 from __future__ import annotations
 
+import asyncio
 import re
 import shutil
 import subprocess
@@ -57,6 +58,17 @@ async () => {
       await new Promise(r => setTimeout(r, 50));
     }
     if (!mathjaxError) { await MathJax.startup.promise; }
+  }
+  // The fonts MathJax asked for, then no new resource for 300 ms (at most 10 s): what
+  // "network idle" means, measured in the page.
+  await document.fonts.ready;
+  let seen = -1, quietSince = Date.now();
+  const settle = Date.now() + 10000;
+  while (Date.now() < settle) {
+    const fetched = performance.getEntriesByType('resource').length;
+    if (fetched !== seen) { seen = fetched; quietSince = Date.now(); }
+    else if (Date.now() - quietSince >= 300) { break; }
+    await new Promise(r => setTimeout(r, 50));
   }
   const article = document.querySelector('article.bd-article') || document.querySelector('main');
   let prose = '';
@@ -124,61 +136,76 @@ def built_site() -> Path:
     return ensure_site()
 
 
+# Pages loaded at once: a visit mostly waits (MathJax, fonts, the network falling quiet),
+# so a few in flight take a fraction of the time of one after another.
+CONCURRENT_PAGES = 4
+
+
 @pytest.fixture(scope="module")
 def browser_run(built_site: Path) -> Iterator[BrowserRun]:
     """Load every toc page once in Chromium and record everything the checks need."""
     _require_chromium()
-    from playwright.sync_api import Route, sync_playwright
-
     ARTIFACTS.mkdir(exist_ok=True)
-    with serve_directory(built_site) as base_url, sync_playwright() as playwright:
-        browser = playwright.chromium.launch(
+    with serve_directory(built_site) as base_url:
+        run = BrowserRun(base_url, {}, [], [], [], [], [])
+        asyncio.run(_visit_all(run))
+        run.screenshots.sort()
+        yield run
+
+
+async def _visit_all(run: BrowserRun) -> None:
+    from playwright.async_api import Route, async_playwright
+
+    base_url = run.base_url
+
+    async def guard(route: Route) -> None:
+        url = route.request.url
+        if url.startswith((base_url, "data:", "blob:", "about:")):
+            await route.continue_()
+        else:
+            run.remote_requests.append(url)
+            await route.abort()
+
+    def on_response(response: Any) -> None:
+        if response.status >= 400:
+            run.bad_responses.append(f"{response.status} {response.url}")
+        if response.url.endswith(".woff"):
+            run.font_responses.append((response.url, response.status))
+
+    async with async_playwright() as playwright:
+        browser = await playwright.chromium.launch(
             executable_path=str(CHROMIUM), args=CHROMIUM_ARGS, headless=True
         )
-        context = browser.new_context(viewport={"width": 1280, "height": 900})
-        run = BrowserRun(base_url, {}, [], [], [], [], [])
-
-        def guard(route: Route) -> None:
-            url = route.request.url
-            if url.startswith((base_url, "data:", "blob:", "about:")):
-                route.continue_()
-            else:
-                run.remote_requests.append(url)
-                route.abort()
-
-        context.route("**/*", guard)
+        context = await browser.new_context(viewport={"width": 1280, "height": 900})
+        await context.route("**/*", guard)
         context.on(
             "requestfailed",
             lambda request: run.failed_requests.append(f"{request.url}: {request.failure}"),
         )
-
-        def on_response(response: Any) -> None:
-            if response.status >= 400:
-                run.bad_responses.append(f"{response.status} {response.url}")
-            if response.url.endswith(".woff"):
-                run.font_responses.append((response.url, response.status))
-
         context.on("response", on_response)
+        slots = asyncio.Semaphore(CONCURRENT_PAGES)
         try:
-            for page_info in toc_pages():
-                page = context.new_page()
-                errors: list[str] = []
-                page.on("pageerror", lambda exc, errors=errors: errors.append(str(exc)))
-                response = page.goto(base_url + page_info.url_path, wait_until="load")
-                report = page.evaluate(PAGE_REPORT_JS)
-                page.wait_for_load_state("networkidle")
-                if page_info.docname.startswith(CHAPTER_1):
-                    shot = ARTIFACTS / f"{page_info.docname.replace('/', '_')}.png"
-                    page.screenshot(path=str(shot), full_page=True)
-                    run.screenshots.append(shot)
-                run.visits[page_info.docname] = Visit(
-                    page_info, response.status if response else None, report, errors
-                )
-                page.close()
+            await asyncio.gather(*(_visit(context, slots, run, p) for p in toc_pages()))
         finally:
-            context.close()
-            browser.close()
-        yield run
+            await context.close()
+            await browser.close()
+
+
+async def _visit(context: Any, slots: asyncio.Semaphore, run: BrowserRun, info: TocPage) -> None:
+    """One page: load it, let MathJax and the fonts finish, record the report."""
+    async with slots:
+        page = await context.new_page()
+        errors: list[str] = []
+        page.on("pageerror", lambda exc: errors.append(str(exc)))
+        response = await page.goto(run.base_url + info.url_path, wait_until="load")
+        report = await page.evaluate(PAGE_REPORT_JS)
+        if info.docname.startswith(CHAPTER_1):
+            shot = ARTIFACTS / f"{info.docname.replace('/', '_')}.png"
+            await page.screenshot(path=str(shot), full_page=True)
+            run.screenshots.append(shot)
+        run.visits[info.docname] = Visit(info, response.status if response else None, report,
+                                         errors)  # fmt: skip
+        await page.close()
 
 
 PAGES = toc_pages()
