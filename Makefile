@@ -5,6 +5,9 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+# One pytest worker more than there are cores: many tests wait on kernels, a browser or a
+# grading time limit, and the spare worker keeps the cores busy meanwhile.
+TEST_WORKERS ?= $(shell $(PYTHON) -c "import os; print((os.cpu_count() or 1) + 1)")
 
 .PHONY: book test lint typecheck unit release check lab serve browser book-deps grading-deps system-deps clean
 
@@ -22,7 +25,7 @@ book: $(STAMP) book-deps release
 test: $(STAMP) system-deps
 	$(PY) -m ruff check kvlib tests scripts nbgrader_config.py
 	$(PY) -m mypy
-	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) -m pytest -n auto --dist loadscope --durations=25
+	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) -m pytest -n $(TEST_WORKERS) --dist loadscope --durations=25
 
 lint: $(STAMP)
 	$(PY) -m ruff check kvlib tests scripts nbgrader_config.py
