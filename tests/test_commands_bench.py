@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import re
-import statistics
 import subprocess
 import sys
 import timeit
@@ -58,23 +57,25 @@ def test_copy_agrees_with_an_independent_copy_timing(capsys: pytest.CaptureFixtu
 
     64 MiB: source and destination together are four times a typical server
     last-level cache, so both copies stream from memory, and neither flushes.
-    Two different copy loops and two timers, interleaved over nine rounds. On
-    the shared two-core build machine (load average 7 to 10) single rounds
-    ranged from 0.51 to 1.28 and their median from 0.77 to 1.0; with two such
-    runs sharing the cores, single rounds 0.70 to 2.8 and their median 0.90 to
-    0.99. The bounds, 0.67 to 1.5, still fail a copy counted once (0.5) or a
-    cached or unsynchronised timing (far above 1).
+    Two different copy loops and two timers, interleaved over nine rounds, each
+    side's fastest copy compared: on a shared machine a copy is only ever slowed
+    down, so the fastest of many is the one least disturbed (medians of single
+    rounds ranged from 0.45 to 1.9 with five test processes on two cores). The
+    bounds, 0.67 to 1.5, still fail a copy counted once (0.5) or a cached or
+    unsynchronised timing (far above 1).
     """
     n = 64 * 2**20
     src = np.ones(n, dtype=np.uint8)
     dst = np.empty_like(src)
     np.copyto(dst, src)  # touch the pages before timing
-    ratios = []
+    ours_s, theirs_s = [], []
     for _ in range(9):
         ours = bench_json(capsys, "copy", "--bytes", str(n), "--cache", "warm", "--rep-ms", "30")
-        seconds = statistics.median(timeit.repeat(lambda: np.copyto(dst, src), number=1, repeat=5))
-        ratios.append(ours["bandwidth_bytes_per_s"] / (2 * n / seconds))
-    assert 0.67 < statistics.median(ratios) < 1.5, ratios
+        assert ours["bandwidth_bytes_per_s"] == pytest.approx(2 * n / ours["median_s"])
+        ours_s.append(ours["min_s"])
+        theirs_s += timeit.repeat(lambda: np.copyto(dst, src), number=1, repeat=5)
+    ratio = min(theirs_s) / min(ours_s)  # our bandwidth over numpy's, both at their best
+    assert 0.67 < ratio < 1.5, (ratio, sorted(ours_s)[:3], sorted(theirs_s)[:3])
 
 
 def test_matmul_report(capsys: pytest.CaptureFixture[str]) -> None:

@@ -53,7 +53,7 @@ pytestmark = pytest.mark.notebooks
 
 MiB = 2**20
 LIMITS = Limits(
-    memory_bytes=512 * MiB, output_bytes=256 * 1024, notebook_s=12, scratch_bytes=16 * MiB,
+    memory_bytes=512 * MiB, output_bytes=256 * 1024, notebook_s=20, scratch_bytes=16 * MiB,
     file_bytes=8 * MiB,
 )  # fmt: skip
 ALL = set(CHALLENGES)
@@ -200,7 +200,7 @@ def _students() -> dict[str, Student]:
         "giant_print": Student({**RIGHT, "answer_seats": "print('x' * 300_000_000)"}, lose_seats),
         # Sleeps after the seats test: the challenges after it are never reached.
         "slow_notebook": Student(
-            RIGHT, POINTS["bytes_per_token"] + POINTS["seats"], "ran past its 12 s limit"
+            RIGHT, POINTS["bytes_per_token"] + POINTS["seats"], "ran past its 20 s limit"
         ),  # fmt: skip
         "edited_test": Student(
             {**RIGHT, "answer_seats": "seats = 1", "seats": "pass"},
@@ -243,7 +243,7 @@ def _notebook(name: str, release: Path) -> Any:
     nb = submission(STUDENTS[name].answers, base=release)
     index = {grade_id(c): i for i, c in enumerate(nb.cells)}
     if name == "slow_notebook":
-        sleeps = [nbformat.v4.new_code_cell("import time\ntime.sleep(2.8)") for _ in range(5)]
+        sleeps = [nbformat.v4.new_code_cell("import time\ntime.sleep(2.8)") for _ in range(8)]
         nb.cells[index["seats"] + 1 : index["seats"] + 1] = sleeps
     elif name == "deleted_tests":
         nb.cells = [c for c in nb.cells if grade_id(c) not in ("bytes_per_token", "seats")]

@@ -4,13 +4,10 @@
 stated tolerance of ``expected``. Otherwise it raises ``AssertionError`` whose
 message names the most likely slip: a wrong value the challenge lists in
 ``mistakes`` (a hint mapped to the value that slip produces), or a generic
-factor between the answer and the right value:
-
-- x2: the factor 2 for keys and values left out or counted twice;
-- x8: bits where bytes were asked (or the reverse);
-- 1.024, 1.024**2, 1.024**3: KiB/MiB/GiB read as KB/MB/GB (or the reverse);
-- x L: one layer's value instead of all ``num_layers`` (or the reverse);
-- x H/H_kv: attention heads used where the cache stores KV heads.
+factor between the answer and the right value (the factor 2 for keys and
+values, bits for bytes, KiB for KB, one layer for all, query heads for KV
+heads). The slips, ``Mistake`` and ``diagnose``, which names them, are in
+:mod:`kvlib.grading.slips`.
 
 The message never contains ``expected`` (learners see it in their feedback),
 only the learner's own answer and the name of the mistake.
@@ -33,8 +30,8 @@ refuses an answer the hidden test would grade right.
 challenge (:mod:`kvlib.grading.draw`); ``sliding_config`` builds a student's
 own ``config.json`` from them (:mod:`kvlib.grading.configs`).
 
-This module imports nothing beyond the standard library: graded notebooks
-import it, and grading must stay fast.
+This module and the submodules it imports use nothing beyond the standard
+library: graded notebooks import it, and grading must stay fast.
 """
 
 from __future__ import annotations
@@ -42,7 +39,6 @@ from __future__ import annotations
 import math
 import sys
 from collections.abc import Mapping
-from typing import NamedTuple
 
 from kvlib.grading.configs import config_text, sliding_config
 from kvlib.grading.draw import (
@@ -53,6 +49,7 @@ from kvlib.grading.draw import (
     numbers,
     student_id,
 )
+from kvlib.grading.slips import Mistake, diagnose, named_slips
 
 __all__ = [
     "DEFAULT_STUDENT",
@@ -94,64 +91,6 @@ _NUMPY_REAL_TYPES = (
     "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
     "float16", "float32", "float64", "longdouble",
 )  # fmt: skip
-
-# Tolerance used to recognise a slip: the wrong value it produces is computed
-# exactly, so a close match is a confident diagnosis.
-_MISTAKE_REL = 1e-6
-
-
-class Mistake(NamedTuple):
-    """A slip a learner can make, and the ratio (answer / right value) it produces."""
-
-    hint: str
-    factor: float
-
-
-def _generic_mistakes(
-    num_layers: int | None, num_attention_heads: int | None, num_kv_heads: int | None
-) -> list[Mistake]:
-    """Generic slips, as factors of the right value, most common first."""
-    found = [
-        Mistake("did you leave out the factor 2 for keys and values (one K and one V "
-                "per head)?", 0.5),
-        Mistake("did you count keys and values twice, or use 2 bytes where the element "
-                "is 1 byte?", 2.0),
-        Mistake("did you give bits where bytes were asked? (1 byte = 8 bits)", 8.0),
-        Mistake("did you divide by 8 once too often, treating bytes as bits?", 1 / 8),
-    ]  # fmt: skip
-    for power, (binary, decimal) in enumerate(
-        (("KiB", "KB"), ("MiB", "MB"), ("GiB", "GB")), start=1
-    ):
-        factor = 1.024**power
-        found.append(
-            Mistake(
-                f"did you mix {binary} (1024^{power} bytes) with {decimal} (1000^{power} bytes)? "
-                f"The answer is off by exactly 1.024^{power}.",
-                factor,
-            )
-        )
-        found.append(Mistake(
-            f"did you mix {decimal} (1000^{power} bytes) with {binary} (1024^{power} bytes)? "
-            f"The answer is off by exactly 1.024^{power}.", 1 / factor))  # fmt: skip
-    if num_layers is not None and num_layers > 1:
-        found.append(
-            Mistake(
-                f"this is one layer's share: multiply by all {num_layers} layers.", 1 / num_layers
-            )
-        )
-        found.append(
-            Mistake(
-                f"did you multiply by the {num_layers} layers twice, or give a "
-                "total where one layer's value was asked?",
-                float(num_layers),
-            )
-        )
-    if num_attention_heads and num_kv_heads and num_attention_heads != num_kv_heads:
-        ratio = num_attention_heads / num_kv_heads
-        found.append(Mistake(
-            f"did you use the {num_attention_heads} attention (query) heads instead of the "
-            f"{num_kv_heads} KV heads? Only KV heads are cached.", ratio))  # fmt: skip
-    return found
 
 
 def describe_type_problem(type_name: str, name: str = "answer", unit: str = "") -> str:
@@ -203,44 +142,6 @@ def real_value(answer: object, name: str = "answer", unit: str = "") -> float | 
     return value
 
 
-def _ratio_text(ratio: float) -> str:
-    if ratio >= 1:
-        return f"about {ratio:.3g}x too large"
-    return f"about {1 / ratio:.3g}x too small"
-
-
-def diagnose(
-    value: float,
-    expected: float,
-    mistakes: Mapping[str, float] | None = None,
-    *,
-    num_layers: int | None = None,
-    num_attention_heads: int | None = None,
-    num_kv_heads: int | None = None,
-    generic: bool = True,
-) -> str | None:
-    """The hint for the first known slip that produces ``value``, or None.
-
-    Challenge-specific ``mistakes`` (exact wrong values) are tried first, then
-    the generic factors one at a time, then pairs of them (two slips at once).
-    """
-    named = _named_slips(value, expected, mistakes)
-    if named:
-        return named
-    if not generic or expected == 0 or value == 0:
-        return None
-    ratio = value / expected
-    slips = _generic_mistakes(num_layers, num_attention_heads, num_kv_heads)
-    for slip in slips:
-        if math.isclose(ratio, slip.factor, rel_tol=_MISTAKE_REL):
-            return f"{_ratio_text(ratio)}: {slip.hint}"
-    for i, first in enumerate(slips):
-        for second in slips[i + 1 :]:
-            if math.isclose(ratio, first.factor * second.factor, rel_tol=_MISTAKE_REL):
-                return f"{_ratio_text(ratio)}, two slips: {first.hint} And {second.hint}"
-    return None
-
-
 def expect(
     answer: object,
     expected: float,
@@ -272,7 +173,7 @@ def expect(
     whole = not integer or is_whole(value)
     if whole and math.isclose(value, expected, rel_tol=rel, abs_tol=abs):
         return
-    named = _named_slips(value, expected, mistakes)
+    named = named_slips(value, expected, mistakes)
     if named:
         raise AssertionError(f"{name} = {value!r}{in_unit} is wrong: {named}")
     if not whole:
@@ -294,15 +195,6 @@ def expect(
             f"formula and the unit{in_unit}."
         )
     raise AssertionError(f"{name} = {value!r}{in_unit} is wrong: {hint}")
-
-
-def _named_slips(value: float, expected: float, mistakes: Mapping[str, float] | None) -> str:
-    """The hints of every listed slip that gives ``value``, joined: two slips can give the
-    same number (query heads twice the KV heads, and 4-byte elements), and naming only one
-    would send a learner after the wrong one."""
-    hints = [hint for hint, wrong in (mistakes or {}).items()
-             if wrong != expected and math.isclose(value, wrong, rel_tol=_MISTAKE_REL)]  # fmt: skip
-    return "; or ".join(hints)
 
 
 def is_whole(value: float | int) -> bool:
