@@ -19,6 +19,7 @@ Weight bytes come two ways:
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from kvlib.checks import require_int
@@ -32,6 +33,7 @@ __all__ = [
     "active_param_count",
     "count_params",
     "expert_weight_bytes",
+    "group_weight_bytes",
     "param_count",
     "unread_weight_bytes",
     "shipped_weights",
@@ -124,7 +126,9 @@ def shipped_weights(cfg: ModelConfig) -> ShippedWeights:
     return shipped_bytes(groups, cfg.quantization, base)
 
 
-def _bytes_of(cfg: ModelConfig, groups: list[WeightGroup], weight_dtype: str | None) -> int:
+def group_weight_bytes(
+    cfg: ModelConfig, groups: Sequence[WeightGroup], weight_dtype: str | None
+) -> int:
     """Bytes of some of a model's tensors, at ``weight_dtype`` or as shipped (None)."""
     if weight_dtype is not None:
         return bytes_for(sum(g.count for g in groups), weight_dtype)
@@ -141,7 +145,9 @@ def expert_weight_bytes(cfg: ModelConfig, weight_dtype: str | None = "bf16") -> 
     """Bytes of the routed experts alone (0 for a dense model), at ``weight_dtype`` or as
     shipped (None): the part of the weights a decode step reads only for the experts
     its tokens are routed to."""
-    return _bytes_of(cfg, [g for g in weight_groups(cfg) if g.copies_per_layer > 1], weight_dtype)
+    return group_weight_bytes(
+        cfg, [g for g in weight_groups(cfg) if g.copies_per_layer > 1], weight_dtype
+    )
 
 
 def unread_weight_bytes(cfg: ModelConfig, weight_dtype: str | None = "bf16") -> int:
@@ -155,4 +161,4 @@ def unread_weight_bytes(cfg: ModelConfig, weight_dtype: str | None = "bf16") -> 
         tied = next((g for g in unread if g.role == "embedding" and g.shape == table), None)
         if tied is not None:
             unread.remove(tied)
-    return _bytes_of(cfg, unread, weight_dtype)
+    return group_weight_bytes(cfg, unread, weight_dtype)

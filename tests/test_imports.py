@@ -181,7 +181,8 @@ PINNED = {
     ],
     "kvlib.params": [
         "ParamCount", "active_param_count", "count_params", "expert_weight_bytes",
-        "param_count", "shipped_weights", "unread_weight_bytes", "weight_bytes",
+        "group_weight_bytes", "param_count", "shipped_weights", "unread_weight_bytes",
+        "weight_bytes",
     ],
     "kvlib.specs": [
         "CacheSpec", "ChunkedLocal", "DS_MLA_FP8_BYTES_PER_TOKEN", "DecompressedMLA",

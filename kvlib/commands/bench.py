@@ -177,6 +177,7 @@ def _dtype(text: str | None, on_gpu: bool) -> str:
 def _report(kind: str, settings: dict[str, Any], workload: Any, result: Any) -> BenchReport:
     """The report of ``kind`` from the timing ``result`` of ``workload`` run with ``settings``."""
     from kvlib.hardware import gpu_from_torch_name
+    from kvlib.timing.records import timing_fields
 
     spec = None
     if result.device.startswith("cuda"):
@@ -186,20 +187,7 @@ def _report(kind: str, settings: dict[str, Any], workload: Any, result: Any) -> 
             spec = None
     common: dict[str, Any] = {
         "workload": workload.name,
-        "description": workload.description,
-        "device": result.device,
-        "device_name": result.device_name,
-        "clock": result.clock,
-        "cache": result.cache,
-        "flush_bytes": result.flush_bytes,
-        "reps": result.reps,
-        "median_s": result.median_s,
-        "p20_s": result.quantile_s(0.2),
-        "p80_s": result.quantile_s(0.8),
-        "min_s": result.min_s,
-        "resolution_limited": result.resolution_limited,
-        "bytes_moved": workload.bytes_moved,
-        "bandwidth_bytes_per_s": result.bandwidth_bytes_per_s(workload.bytes_moved),
+        **timing_fields(workload, result),
         "datasheet_gpu": None if spec is None else spec.name,
         "datasheet_bandwidth_bytes_per_s": None if spec is None else spec.hbm_bandwidth_bytes_per_s,
     }

@@ -17,16 +17,15 @@ and routers; :mod:`kvlib.quantized`).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Literal
 
 from kvlib.checks import require_fraction, require_int
-from kvlib.config import ConfigError, ModelConfig
+from kvlib.config import ModelConfig
 from kvlib.deploy import kv_bytes_per_gpu
-from kvlib.dtypes import bytes_for, check_dtype
+from kvlib.dtypes import check_dtype
 from kvlib.hardware import GPUSpec
 from kvlib.layouts import WeightGroup, weight_groups
-from kvlib.quantized import shipped_bytes
+from kvlib.params import group_weight_bytes
 from kvlib.sizing import kv_bytes, seats
 
 __all__ = ["AttentionParallel", "node_seats", "weight_bytes_per_gpu"]
@@ -49,19 +48,6 @@ def _replicated_under_tp(group: WeightGroup) -> bool:
     if group.role in ("router", "norm"):
         return True
     return any(name in group.module for name in _REPLICATED_MODULES)
-
-
-def _bytes(cfg: ModelConfig, groups: Sequence[WeightGroup], weight_dtype: str | None) -> int:
-    """Bytes of ``groups`` at ``weight_dtype``, or as the checkpoint ships them (None)."""
-    if weight_dtype is not None:
-        return bytes_for(sum(g.count for g in groups), weight_dtype)
-    base = check_dtype(cfg.dtype or "bf16")
-    if cfg.quantization is None:
-        return bytes_for(sum(g.count for g in groups), base)
-    shipped = shipped_bytes(groups, cfg.quantization, base)
-    if shipped.bytes is None:
-        raise ConfigError(shipped.note)
-    return shipped.bytes
 
 
 def weight_bytes_per_gpu(
@@ -91,7 +77,9 @@ def weight_bytes_per_gpu(
     else:
         whole = [g for g in groups if _replicated_under_tp(g)]
         split = [g for g in groups if not _replicated_under_tp(g)]
-    return _bytes(cfg, whole, weight_dtype) + -(-_bytes(cfg, split, weight_dtype) // gpus)
+    return group_weight_bytes(cfg, whole, weight_dtype) + -(
+        -group_weight_bytes(cfg, split, weight_dtype) // gpus
+    )
 
 
 def node_seats(

@@ -27,6 +27,7 @@ __all__ = [
     "roofline_points",
     "summarise",
     "summary_rows",
+    "timing_fields",
 ]
 
 SCHEMA = "kvlib-gpu-check/1"
@@ -73,20 +74,17 @@ class GpuRun:
         return [m for m in self.measurements if m.name.startswith(prefix)]
 
 
-def measurement_record(
-    name: str, workload: Any, result: Any, settings: dict[str, Any]
-) -> dict[str, Any]:
-    """A JSON-ready record of ``result`` (a :class:`~kvlib.timing.TimingResult`) of ``workload``."""
+def timing_fields(workload: Any, result: Any) -> dict[str, Any]:
+    """What every report of a timed ``workload`` carries: the device and clock, the cache
+    state, the repetitions, the time quantiles and the bandwidth (``kvlib bench`` and the
+    GPU check's records share them)."""
     return {
-        "name": name,
         "description": workload.description,
-        "settings": settings,
         "device": result.device,
         "device_name": result.device_name,
         "clock": result.clock,
         "cache": result.cache,
         "flush_bytes": result.flush_bytes,
-        "warmup_reps": result.warmup_reps,
         "reps": result.reps,
         "median_s": result.median_s,
         "p20_s": result.quantile_s(0.2),
@@ -94,8 +92,20 @@ def measurement_record(
         "min_s": result.min_s,
         "resolution_limited": result.resolution_limited,
         "bytes_moved": workload.bytes_moved,
-        "flops": workload.flops,
         "bandwidth_bytes_per_s": result.bandwidth_bytes_per_s(workload.bytes_moved),
+    }
+
+
+def measurement_record(
+    name: str, workload: Any, result: Any, settings: dict[str, Any]
+) -> dict[str, Any]:
+    """A JSON-ready record of ``result`` (a :class:`~kvlib.timing.TimingResult`) of ``workload``."""
+    return {
+        "name": name,
+        "settings": settings,
+        **timing_fields(workload, result),
+        "warmup_reps": result.warmup_reps,
+        "flops": workload.flops,
         "flops_per_s": result.flops_per_s(workload.flops),
     }
 
