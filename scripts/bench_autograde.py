@@ -35,12 +35,7 @@ sys.path.insert(0, str(ROOT))
 from kvlib.grading.course import run_nbgrader  # noqa: E402
 
 ASSIGNMENT, NOTEBOOK = "01_kv_cache", "kv_cache"
-RIGHT = {
-    "answer_bytes_per_token": "bytes_per_token = 2 * N.layers * N.kv_heads * N.head_dim",
-    "answer_seats": "seats = N.free_gib * 2**30 // (N.context_tokens * N.kv_bytes_per_token)",
-    "answer_prefill_s": "prefill_s = 2 * N.params_billion * 1e9 * N.prompt_tokens / "
-    "(N.tflop_per_s * 1e12)",
-}
+MARKERS = ("### BEGIN SOLUTION", "### END SOLUTION")
 COURSE_FILES = ("Makefile", "nbgrader_config.py", "requirements.txt", "constraints.txt",
                 "pyproject.toml")  # fmt: skip
 
@@ -61,10 +56,24 @@ def make_course(target: Path) -> Path:
     return target
 
 
+def right_answers() -> dict[str, str]:
+    """Each answer cell of the solution notebook, its solution markers removed: the
+    answers of a student who solved every challenge."""
+    nb = nbformat.read(ROOT / "solutions" / ASSIGNMENT / f"{NOTEBOOK}.ipynb", as_version=4)
+    answers = {}
+    for cell in nb.cells:
+        meta = cell.metadata.get("nbgrader", {})
+        if meta.get("solution") and MARKERS[0] in cell.source:
+            lines = cell.source.splitlines()
+            answers[meta["grade_id"]] = "\n".join(x for x in lines if x.strip() not in MARKERS)
+    return answers
+
+
 def submit(course: Path, students: int) -> None:
+    right = right_answers()
     nb = nbformat.read(course / "exercises" / ASSIGNMENT / f"{NOTEBOOK}.ipynb", as_version=4)
     for cell in nb.cells:
-        cell.source = RIGHT.get(cell.metadata.get("nbgrader", {}).get("grade_id"), cell.source)
+        cell.source = right.get(cell.metadata.get("nbgrader", {}).get("grade_id"), cell.source)
     for k in range(students):
         path = course / "submitted" / f"student{k:03d}" / ASSIGNMENT / f"{NOTEBOOK}.ipynb"
         path.parent.mkdir(parents=True)

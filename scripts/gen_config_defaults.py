@@ -81,12 +81,27 @@ def _jsonable(value: Any) -> bool:
     return isinstance(value, (bool, int, float, str))
 
 
+def derives_layer_types(cls: Any) -> str | None:
+    """The text ``model_type`` of ``cls`` when its config, built with no arguments,
+    fills in ``layer_types`` itself (a rule kvlib must know or refuse to guess)."""
+    try:
+        text = cls().get_text_config()
+        types = getattr(text, "layer_types", None)
+    except Exception:  # a class that needs arguments, or an optional dependency
+        return None
+    if isinstance(types, list) and types and isinstance(text.model_type, str):
+        return text.model_type
+    return None
+
+
 def defaults() -> dict[str, Any]:
-    """``{"models": {model_type: {field: default}}, "text_model_type": {outer: inner}}``."""
+    """``{"models": {model_type: {field: default}}, "text_model_type": {outer: inner},
+    "derived_layer_types": [text model_type...]}``."""
     from transformers import CONFIG_MAPPING
 
     models: dict[str, dict[str, Any]] = {}
     text_types: dict[str, str] = {}
+    derived: set[str] = set()
     for model_type in sorted(CONFIG_MAPPING.keys()):
         try:
             cls = CONFIG_MAPPING[model_type]
@@ -99,7 +114,14 @@ def defaults() -> dict[str, Any]:
         inner = getattr(text_cls, "model_type", None)
         if isinstance(inner, str) and inner and inner != model_type:
             text_types[model_type] = inner
-    return {"transformers": _version(), "models": models, "text_model_type": text_types}
+        if (name := derives_layer_types(cls)) is not None:
+            derived.add(name)
+    return {
+        "transformers": _version(),
+        "models": models,
+        "text_model_type": text_types,
+        "derived_layer_types": sorted(derived),
+    }
 
 
 def _version() -> str:

@@ -1,8 +1,9 @@
 """kvlib's cache sizes for hybrid and multimodal families against transformers' real caches.
 
-Gemma 4, Gemma 3n, Llama 4, Qwen3-Next, Qwen3.5, DeepSeek-V3.2, Kimi Linear, Phi-3, Phi-2
-and a Gemma 3 vision wrapper each cache something the plain "K and V of every token"
-rule misses: full layers of another width (Gemma 4 ``global_head_dim``), layers that
+Gemma 4, Gemma 3n, Llama 4, Qwen3-Next, Qwen3.5, DeepSeek-V3.2, Kimi Linear, Phi-3, Phi-2,
+gpt-oss and OLMo 3 without ``layer_types``, DBRX and a Gemma 3 vision wrapper each cache
+something the plain "K and V of every token" rule misses, or spell it where a generic
+reader would not look: full layers of another width (Gemma 4 ``global_head_dim``), layers that
 reuse an earlier layer's cache (``num_kv_shared_layers``), attention chunks kept like a
 window (Llama 4), fixed convolution and recurrent states (linear attention), MLA latents
 plus indexer keys (DeepSeek-V3.2).
@@ -238,6 +239,41 @@ CONFIGS: dict[str, dict[str, Any]] = {
         "num_hidden_layers": 3,
         "num_attention_heads": 4,
         "partial_rotary_factor": 0.4,
+    },
+    # No layer_types: GptOssConfig alternates sliding and full from layer 0 (a guess of
+    # "every layer slides when a window is set" would be wrong here).
+    "gpt-oss-derived": {
+        **_SMALL,
+        "model_type": "gpt_oss",
+        "num_hidden_layers": 4,
+        "num_attention_heads": 2,
+        "num_key_value_heads": 1,
+        "head_dim": 64,  # gpt-oss-20b's
+        "sliding_window": WINDOW,
+        "num_local_experts": 2,
+        "num_experts_per_tok": 1,
+    },
+    # No layer_types: Olmo3Config makes every fourth layer full, the others slide.
+    "olmo3-derived": {
+        **_SMALL,
+        "model_type": "olmo3",
+        "num_hidden_layers": 5,
+        "num_attention_heads": 2,
+        "num_key_value_heads": 2,
+        "sliding_window": WINDOW,
+    },
+    # DBRX spells its KV heads attn_config.kv_n_heads (dbrx-base: 8 of 48 heads, 128 wide);
+    # the file has no num_key_value_heads. 12 heads sharing 2 keep its 6:1 ratio.
+    "dbrx-attn-config": {
+        "model_type": "dbrx",
+        "d_model": 12 * 128,
+        "n_heads": 12,
+        "n_layers": 2,
+        "max_seq_len": 64,
+        "vocab_size": refmodels.SMALL_VOCAB,
+        "attn_config": {"kv_n_heads": 2, "clip_qkv": 8, "rope_theta": 500000},
+        "ffn_config": {"ffn_hidden_size": refmodels.SMALL_MLP, "moe_num_experts": 2,
+                       "moe_top_k": 1},  # fmt: skip
     },
     # google/gemma-3-4b-it's layout: a gemma3 wrapper whose text_config omits the head
     # counts and head_dim (Gemma3TextConfig defaults: 8 heads, 4 KV heads, head_dim 256).

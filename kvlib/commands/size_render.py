@@ -93,7 +93,8 @@ def render(report: SizeReport) -> str:
     rows = _model_rows(report) + _gpu_rows(report) + _seat_rows(report) + _pool_rows(report)
     if report.fits is False:
         rows.append(("warning", "the weights do not fit: raise --tp or lower --weight-dtype"))
-    for note in (report.param_count_note, report.weight_note):
+    # The weights are unknown because the parameter count is: one reason, said once.
+    for note in dict.fromkeys((report.param_count_note, report.weight_note)):
         if note:
             rows.append(("unknown because", note))
     rows += [("note", note) for note in report.notes]

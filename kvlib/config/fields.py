@@ -16,6 +16,7 @@ from typing import Any
 
 __all__ = [
     "ConfigError",
+    "derives_layer_types",
     "family",
     "first_int",
     "get_bool",
@@ -51,6 +52,13 @@ def family(model_type: str | None) -> str:
     name = model_type or ""
     mapped: str = _defaults()["text_model_type"].get(name, name)
     return mapped
+
+
+def derives_layer_types(model_type: str) -> bool:
+    """Whether transformers' config class for this text family fills in
+    ``layer_types`` itself when a config.json has none (extracted from the pinned
+    release into ``config_defaults.json``)."""
+    return model_type in _defaults()["derived_layer_types"]
 
 
 def text_config(data: Mapping[str, Any]) -> Mapping[str, Any]:

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from kvlib.config.fields import ConfigError, get_optional_int
+from kvlib.config.fields import ConfigError, derives_layer_types, get_optional_int
 
 __all__ = ["KNOWN_TYPES", "layer_types"]
 
@@ -25,15 +25,39 @@ KNOWN_TYPES = (
     "dummy",
 )
 
-# Gemma2Config, Gemma3TextConfig, Cohere2Config, Gemma4TextConfig: layer i slides
-# unless (i + 1) is a multiple of the pattern.
+# Gemma2Config, Gemma3TextConfig, Cohere2Config, Gemma4TextConfig, GptOssConfig,
+# VaultGemmaConfig, Olmo3Config, Exaone4Config: layer i slides unless (i + 1) is a
+# multiple of the pattern (``sliding_window_pattern`` where the class reads it).
 _PATTERNS = {
     "gemma2": 2,
     "gemma3_text": 6,
     "cohere2": 4,
     "gemma4_text": 6,
     "gemma4_unified_text": 6,
+    "gpt_oss": 2,
+    "vaultgemma": 2,
+    "olmo3": 4,
+    "exaone4": 4,
 }
+# Families whose config class derives layer_types by the generic rule of _derive
+# (Qwen2Config: the first max_window_layers layers full, the rest sliding when
+# use_sliding_window; else every layer slides when a window is set). Any other family
+# whose class derives them without a rule here is refused: guessing "every layer
+# alike" gave gpt-oss all-sliding and Jamba all-attention. tests/test_config_layer_types.py
+# checks both sets against the pinned transformers.
+_GENERIC = frozenset(
+    {
+        "ministral",
+        "qwen2",
+        "qwen2_5_omni_talker",
+        "qwen2_5_omni_text",
+        "qwen2_5_vl_text",
+        "qwen2_moe",
+        "qwen2_vl_text",
+        "qwen3",
+        "smollm3",
+    }
+)
 _UNSUPPORTED = {
     "deepseek_v4": "its compressed sparse attention keeps a cache that is neither per token "
     "nor fixed (token windows compressed 4x and 128x)",
@@ -80,6 +104,14 @@ def _derive(text: Mapping[str, Any], fam: str, num_layers: int, window: int | No
     rule = _RULES.get(fam)
     if rule is not None:
         return rule(text, num_layers)
+    if derives_layer_types(fam) and fam not in _GENERIC:
+        raise ConfigError(
+            f"the config has no 'layer_types', and transformers derives them for model_type "
+            f"{fam!r} by a rule kvlib does not know (which layers slide, or keep a recurrent "
+            "state instead of a KV cache): add the 'layer_types' list, one entry per layer; "
+            "transformers prints it with AutoConfig.from_pretrained(PATH)"
+            ".get_text_config().layer_types"
+        )
     if "use_sliding_window" in text and window is not None:
         # Qwen2Config/Qwen3Config: the first max_window_layers layers keep full attention.
         first = get_optional_int(text, "max_window_layers", minimum=0)

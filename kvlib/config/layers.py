@@ -14,6 +14,7 @@ from kvlib.config.fields import (
     get_optional_int,
     require_first_int,
 )
+from kvlib.config.kv_heads import kv_heads
 from kvlib.specs import (
     CacheSpec,
     ChunkedLocal,
@@ -29,7 +30,6 @@ __all__ = ["Heads", "MLADims", "attention_heads", "layer_specs", "sliding_window
 _LAYERS = ("num_hidden_layers", "n_layer", "n_layers", "num_layers")
 _HEADS = ("num_attention_heads", "n_head", "n_heads", "num_heads")
 _HIDDEN = ("hidden_size", "n_embd", "d_model")
-_KV_HEADS = ("num_key_value_heads", "num_kv_heads", "n_head_kv")
 
 
 @dataclass(frozen=True)
@@ -48,7 +48,7 @@ def attention_heads(text: Mapping[str, Any]) -> Heads:
     num_layers = require_first_int(text, _LAYERS)
     num_heads = require_first_int(text, _HEADS)
     hidden = require_first_int(text, _HIDDEN)
-    num_kv_heads = _kv_heads(text, num_heads)
+    num_kv_heads = kv_heads(text, num_heads)
     if num_kv_heads > num_heads or num_heads % num_kv_heads:
         raise ConfigError(
             f"field 'num_key_value_heads' ({num_kv_heads}) must divide "
@@ -58,27 +58,10 @@ def attention_heads(text: Mapping[str, Any]) -> Heads:
     return Heads(num_layers, num_heads, num_kv_heads, _head_dim(text, hidden, num_heads), hidden)
 
 
-def _kv_heads(text: Mapping[str, Any], num_heads: int) -> int:
-    """KV heads; ``multi_query`` (Falcon, GPTBigCode) means one shared head.
-
-    Falcon's ``new_decoder_architecture`` ignores ``multi_query`` and reads
-    ``num_kv_heads`` instead (FalconAttention in transformers).
-    """
-    explicit = first_int(text, _KV_HEADS)
-    new_arch = get_bool(text, "new_decoder_architecture")
-    if get_bool(text, "multi_query") and not new_arch:
-        if explicit not in (None, 1):
-            raise ConfigError(
-                f"'multi_query' is true but 'num_key_value_heads' is {explicit}: "
-                "multi-query attention has exactly 1 KV head; drop one of the two fields"
-            )
-        return 1
-    return explicit if explicit is not None else num_heads
-
-
 def _head_dim(text: Mapping[str, Any], hidden: int, num_heads: int) -> int:
-    """An explicit ``head_dim`` wins; otherwise ``hidden_size // num_attention_heads``."""
-    explicit = get_optional_int(text, "head_dim")
+    """An explicit ``head_dim`` wins (ChatGLM and Qwen-1 spell it ``kv_channels``);
+    otherwise ``hidden_size // num_attention_heads``."""
+    explicit = first_int(text, ("head_dim", "kv_channels"))
     if explicit is not None:
         return explicit
     if hidden % num_heads:
@@ -214,6 +197,9 @@ def _full_layer_overrides(
     return {i: (kv_heads, head_dim) for i, t in enumerate(types) if t == "full_attention"}
 
 
+_LINEAR_FIELDS = ("linear_num_key_heads", "linear_num_heads", "linear_head_dim")
+
+
 def _linear(text: Mapping[str, Any]) -> LinearState:
     """Fixed state of a linear-attention layer: a short convolution and a recurrent matrix.
 
@@ -227,6 +213,13 @@ def _linear(text: Mapping[str, Any]) -> LinearState:
         dim = get_int(nested, "head_dim", default=128)
         kernel = get_int(nested, "short_conv_kernel_size", default=4)
         return _linear_spec(3 * num_heads * dim * kernel, num_heads * dim * dim)
+    if not any(key in text for key in _LINEAR_FIELDS):
+        raise ConfigError(
+            f"'layer_types' lists linear_attention layers, but model_type "
+            f"{text.get('model_type')!r} has none of the fields kvlib sizes such a state from "
+            f"({', '.join(_LINEAR_FIELDS)}, or Kimi's 'linear_attn_config'): a Mamba or "
+            "lightning-attention state is not modelled"
+        )
     if "linear_num_heads" in text or "linear_head_dim" in text:
         num_heads = get_int(text, "linear_num_heads")
         dim = get_int(text, "linear_head_dim")

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from kvlib.config.fields import ConfigError, get_bool, get_optional_int, text_config
+from kvlib.config.guards import check_generates
 from kvlib.config.layer_types import layer_types
 from kvlib.config.layers import MLADims, attention_heads, layer_specs, sliding_window
 from kvlib.config.parts import (
@@ -164,6 +165,7 @@ def from_dict(data: Mapping[str, Any], *, name: str = "custom") -> ModelConfig:
     if not isinstance(data, Mapping):
         raise ConfigError(f"a config must be a JSON object, got {type(data).__name__}")
     text = text_config(data)
+    check_generates(data, text)
     mla = mla_from(text)
     # An MLA head's query/key width is qk_nope + qk_rope, whatever hidden/heads gives.
     heads = attention_heads({**text, "head_dim": mla.qk_head_dim} if mla else text)

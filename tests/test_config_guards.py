@@ -1,0 +1,87 @@
+"""kvlib.config.guards: encoders, classifiers and encoder-decoders are refused with
+the reason, never sized as if they were decoder-only models."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from kvlib.config import ConfigError, load_config
+
+# google-t5/t5-small config.json (the fields that matter here).
+T5_SMALL = {
+    "architectures": ["T5ForConditionalGeneration"],
+    "model_type": "t5",
+    "d_model": 512,
+    "d_kv": 64,
+    "num_heads": 8,
+    "num_layers": 6,
+    "is_encoder_decoder": True,
+    "vocab_size": 32128,
+}
+# openai/whisper-small config.json.
+WHISPER_SMALL = {
+    "architectures": ["WhisperForConditionalGeneration"],
+    "model_type": "whisper",
+    "d_model": 768,
+    "decoder_attention_heads": 12,
+    "decoder_layers": 12,
+    "encoder_layers": 12,
+    "is_encoder_decoder": True,
+}
+# google-bert/bert-base-uncased config.json.
+BERT_BASE = {
+    "architectures": ["BertForMaskedLM"],
+    "model_type": "bert",
+    "hidden_size": 768,
+    "num_attention_heads": 12,
+    "num_hidden_layers": 12,
+    "intermediate_size": 3072,
+    "vocab_size": 30522,
+}
+LLAMA = {"model_type": "llama", "num_hidden_layers": 2, "num_attention_heads": 4,
+         "num_key_value_heads": 2, "hidden_size": 256}  # fmt: skip
+
+
+@pytest.mark.parametrize("config", [T5_SMALL, WHISPER_SMALL], ids=["t5", "whisper"])
+def test_encoder_decoders_are_refused(config: dict[str, Any]) -> None:
+    with pytest.raises(ConfigError, match=r"'is_encoder_decoder' is true.*cross-attention"):
+        load_config(config)
+
+
+def test_a_nested_text_config_that_is_an_encoder_decoder_is_refused() -> None:
+    with pytest.raises(ConfigError, match="is_encoder_decoder"):
+        load_config({"model_type": "wrapper", "text_config": {**LLAMA, "is_encoder_decoder": True}})
+
+
+@pytest.mark.parametrize(
+    "architectures",
+    [["BertForMaskedLM"], ["RobertaForSequenceClassification"], ["LlamaForSequenceClassification"],
+     ["DebertaV2ForTokenClassification", "DebertaV2ForQuestionAnswering"]],
+)  # fmt: skip
+def test_models_that_generate_nothing_are_refused(architectures: list[str]) -> None:
+    with pytest.raises(ConfigError, match=r"generates no tokens, so it keeps no KV cache"):
+        load_config({**BERT_BASE, "architectures": architectures})
+
+
+@pytest.mark.parametrize(
+    "architectures",
+    [None, [], ["LlamaForCausalLM"], ["ChatGLMModel"], ["BertForMaskedLM", "BertLMHeadModel"]],
+)
+def test_generating_or_unlabelled_models_are_sized(architectures: list[str] | None) -> None:
+    config = dict(LLAMA) if architectures is None else {**LLAMA, "architectures": architectures}
+    assert load_config(config).num_key_value_heads == 2
+
+
+def test_the_cli_says_why_in_one_line(tmp_path: Path) -> None:
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(T5_SMALL))
+    result = subprocess.run([sys.executable, "-m", "kvlib", "size", str(path)],
+                            capture_output=True, text=True)  # fmt: skip
+    assert result.returncode == 2 and result.stdout == ""
+    assert result.stderr.count("\n") == 1 and "decoder-only" in result.stderr
