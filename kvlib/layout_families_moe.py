@@ -81,10 +81,12 @@ def gpt_oss_tensors(cfg: ModelConfig) -> LayerTensors:
     q, kv = cfg.num_attention_heads * d, cfg.num_key_value_heads * d
     e, k, width = moe.num_experts, moe.experts_per_token, moe.expert_width
 
+    bias = cfg.layout.attention_bias  # GptOssConfig's default is True
+
     def layer(i: int) -> list[LayerTensor]:
         attn = f"{LAYER}.self_attn"
-        tensors = linear(f"{attn}.q_proj", q, h, True) + linear(f"{attn}.k_proj", kv, h, True)
-        tensors += linear(f"{attn}.v_proj", kv, h, True) + linear(f"{attn}.o_proj", h, q, True)
+        tensors = linear(f"{attn}.q_proj", q, h, bias) + linear(f"{attn}.k_proj", kv, h, bias)
+        tensors += linear(f"{attn}.v_proj", kv, h, bias) + linear(f"{attn}.o_proj", h, q, bias)
         tensors.append(layer_tensor(f"{attn}.sinks", (cfg.num_attention_heads,), "other"))
         tensors += [
             layer_tensor(f"{LAYER}.mlp.router.weight", (e, h), "router"),

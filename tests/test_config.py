@@ -140,7 +140,6 @@ def test_explicit_head_dim_wins() -> None:
         ({"num_hidden_layers": "32"}, "num_hidden_layers"),
         ({"num_hidden_layers": True}, "num_hidden_layers"),
         ({"hidden_size": 4000, "num_attention_heads": 48, "num_key_value_heads": 8}, "head_dim"),
-        ({"multi_query": True}, "multi_query"),
         ({"layer_types": ["full_attention"] * 3}, "layer_types"),
         ({"layer_types": ["sliding_attention"] * 32}, "sliding_window"),
         ({"layer_types": ["mamba"] * 32}, "layer_types"),

@@ -73,6 +73,13 @@ FAMILIES: dict[str, dict[str, Any]] = {
         "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 512,
         "vocab_size": 1000, "attention_bias": True, "mlp_bias": True,
     },
+    # gpt-oss geometry with attention_bias switched off (GptOssConfig's default is on).
+    "gpt_oss-no-attention-bias": {
+        "model_type": "gpt_oss", "hidden_size": 64, "num_hidden_layers": 2,
+        "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 64,
+        "intermediate_size": 96, "num_local_experts": 4, "num_experts_per_tok": 2,
+        "vocab_size": 100, "attention_bias": False, "sliding_window": 8,
+    },
     # tiiuae/falcon-40b: new decoder architecture, two LayerNorms, grouped KV heads.
     "falcon-new-architecture": {
         "model_type": "falcon", "hidden_size": 8192, "num_hidden_layers": 60,
@@ -203,3 +210,47 @@ def test_moe_totals_and_active_match_the_model_cards(
     cfg = load_config(name)
     assert param_count(cfg) / 1e9 == pytest.approx(total_b, abs=0.05)
     assert active_param_count(cfg) / 1e9 == pytest.approx(active_b, abs=0.05)
+
+
+# --- every family kvlib lays out, with each of its boolean switches flipped ------------
+
+# Switches that change nothing transformers builds, or that build another model class.
+_NOT_LAYOUT = frozenset({"return_dict", "output_hidden_states", "output_attentions",
+                         "torchscript", "use_cache", "is_encoder_decoder", "is_decoder",
+                         "add_cross_attention", "tie_encoder_decoder"})  # fmt: skip
+_SMALL = {"hidden_size": 64, "num_hidden_layers": 4, "vocab_size": 100,
+          "intermediate_size": 96, "num_attention_heads": 4, "num_key_value_heads": 2,
+          "n_embd": 64, "n_layer": 2, "n_head": 4}  # fmt: skip
+
+
+def flag_variants(family: str) -> list[tuple[str, dict[str, Any]]]:
+    """The family's default config class, shrunk, then once per boolean field flipped."""
+    from transformers import CONFIG_MAPPING
+
+    cls = CONFIG_MAPPING[family]
+    defaults = cls().to_dict()
+    small = {k: v for k, v in _SMALL.items() if k in defaults}
+    # Special token ids point into the real vocabulary, past the shrunk one.
+    small |= {k: None for k in ("pad_token_id", "bos_token_id", "eos_token_id") if k in defaults}
+    flags = sorted(k for k, v in defaults.items() if isinstance(v, bool) and k not in _NOT_LAYOUT)
+    cases = [("defaults", small)] + [(f, {**small, f: not defaults[f]}) for f in flags]
+    return [(name, cls(**fields).to_dict()) for name, fields in cases]
+
+
+@pytest.mark.parametrize("family", sorted(known_families()))
+def test_every_switch_of_every_known_family_equals_transformers(family: str) -> None:
+    """Biases, tied embeddings, parallel blocks, q/k norms...: a switch kvlib ignores
+    shows as a count that differs from the model transformers builds. A config kvlib
+    refuses (its default is not a real model: no experts per token) is skipped."""
+    from kvlib.config import ConfigError
+
+    compared = 0
+    for name, fields in flag_variants(family):
+        fields = {**fields, "model_type": family}
+        try:
+            ours = param_count(load_config(fields))
+        except ConfigError:
+            continue
+        assert ours == transformers_count(fields), name
+        compared += 1
+    assert compared or family == "deepseek_v2"

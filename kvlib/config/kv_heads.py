@@ -47,15 +47,13 @@ _READ = frozenset(
 
 
 def _read(text: Mapping[str, Any], num_heads: int) -> int:
-    """``multi_query`` means one head (unless Falcon's ``new_decoder_architecture``,
-    which reads ``num_kv_heads``: FalconAttention); absent everywhere: multi-head."""
+    """``multi_query`` means one head whatever the count fields say, unless Falcon's
+    ``new_decoder_architecture``, which reads ``num_kv_heads`` (transformers'
+    FalconAttention and vLLM's ``get_total_num_kv_heads`` alike: a Falcon file saved
+    by transformers carries ``num_kv_heads`` equal to the query heads beside
+    ``multi_query: true``); absent everywhere: multi-head."""
     explicit = first_int(text, SPELLINGS)
     if get_bool(text, "multi_query") and not get_bool(text, "new_decoder_architecture"):
-        if explicit not in (None, 1):
-            raise ConfigError(
-                f"'multi_query' is true but 'num_key_value_heads' is {explicit}: "
-                "multi-query attention has exactly 1 KV head; drop one of the two fields"
-            )
         return 1
     if explicit is not None:
         return explicit
