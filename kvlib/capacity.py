@@ -97,16 +97,7 @@ def held_blocks(groups: tuple[KVCacheGroup, ...], tokens: int) -> int:
     current chunk's, at most ``cdiv(C, B)``.
     """
     require_int(tokens, "tokens", 1)
-    total = 0
-    for group in groups:
-        blocks = -(-tokens // group.block_size)
-        window = group.window_tokens
-        if group.kind == "sliding" and window is not None:
-            blocks = min(blocks, -(-(window - 1) // group.block_size) + 1)
-        elif group.kind == "chunked" and window is not None:
-            blocks = min(blocks, -(-window // group.block_size))
-        total += blocks
-    return total
+    return sum(group.held_blocks(tokens) for group in groups)
 
 
 def seats_with_shared_prefix(pool_blocks: int, blocks_per_sequence: int, shared_blocks: int) -> int:

@@ -40,7 +40,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from kvlib.config import ModelConfig
-from kvlib.specs import CacheSpec, ChunkedLocal, LinearState, SharedKV, SlidingWindow
+from kvlib.specs import (
+    CacheSpec,
+    ChunkedLocal,
+    FullAttention,
+    SlidingWindow,
+)
 
 __all__ = [
     "DEFAULT_BLOCK_SIZE",
@@ -98,18 +103,13 @@ def layer_pages(
     _positive("tp", tp)
     pages = []
     for i, spec in enumerate(cfg.layers):
-        if isinstance(spec, SharedKV):
-            continue
-        if isinstance(spec, LinearState):
-            raise ValueError(
-                f"layer {i} of {cfg.name} is linear attention: vLLM pages its fixed state "
-                "(MambaSpec, padded to the attention page), which kvlib does not model"
-            )
-        kind, window = "full", None
-        if isinstance(spec, SlidingWindow):
-            kind, window = "sliding", spec.window
-        elif isinstance(spec, ChunkedLocal):
-            kind, window = "chunked", spec.chunk
+        try:
+            page_type = spec.vllm_page_type()
+        except ValueError as exc:  # a state vLLM pages in a way kvlib does not model
+            raise ValueError(f"layer {i} of {cfg.name}: {exc}") from None
+        if page_type is None:
+            continue  # a layer reading another layer's cache
+        kind, window = page_type
         page = layer_page_bytes(spec, block_size, kv_dtype, tp)
         pages.append(LayerPage(kind, window, page, block_size))
     if not pages:
@@ -127,15 +127,26 @@ class KVCacheGroup:
     page_bytes: int  # per layer
     num_layers: int
 
-    def blocks_per_request(self, max_model_len: int, max_num_batched_tokens: int) -> int:
-        """Blocks vLLM budgets one request of ``max_model_len`` tokens in this group."""
-        tokens, extra = max_model_len, 0
+    @property
+    def spec(self) -> CacheSpec:
+        """A one-head layer of this group's kind: its block formulas are the group's."""
         if self.kind == "sliding" and self.window_tokens is not None:
-            tokens = min(self.window_tokens - 1 + max_num_batched_tokens, max_model_len)
-            extra = 1  # the window may start mid-block
-        elif self.kind == "chunked" and self.window_tokens is not None:
-            tokens = min(self.window_tokens + max_num_batched_tokens, max_model_len)
-        return _cdiv(tokens, self.block_size) + extra
+            return SlidingWindow(1, 1, self.window_tokens)
+        if self.kind == "chunked" and self.window_tokens is not None:
+            return ChunkedLocal(1, 1, self.window_tokens)
+        return FullAttention(1, 1)
+
+    def blocks_per_request(self, max_model_len: int, max_num_batched_tokens: int) -> int:
+        """Blocks vLLM budgets one request of ``max_model_len`` tokens in this group
+        (the kind's :meth:`~kvlib.specs.CacheSpec.vllm_blocks_per_request`)."""
+        return self.spec.vllm_blocks_per_request(
+            max_model_len, self.block_size, max_num_batched_tokens
+        )
+
+    def held_blocks(self, tokens: int) -> int:
+        """Blocks this group holds for one sequence of ``tokens`` (the kind's
+        :meth:`~kvlib.specs.CacheSpec.held_blocks`)."""
+        return self.spec.held_blocks(tokens, self.block_size)
 
 
 def _hybrid_groups(pages: list[LayerPage]) -> list[KVCacheGroup]:
