@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 
 from kvlib.checks import require_int
 from kvlib.config import ModelConfig
-from kvlib.deploy import attention_pairs, decode_step_bytes, matmul_params
+from kvlib.deploy import attention_pairs, decode_step_bytes, matmul_params, prefill_flops
 from kvlib.kvpool import KVCacheGroup, KVPool, kv_pool
 from kvlib.params import weight_bytes
 from kvlib.prefix import cacheable_blocks
@@ -45,6 +45,7 @@ __all__ = [
     "assess",
     "decode_flops_per_token",
     "held_blocks",
+    "prefill_compute_share",
     "seats_with_shared_prefix",
 ]
 
@@ -139,6 +140,26 @@ def decode_flops_per_token(cfg: ModelConfig, context_tokens: int) -> int | None:
             per_key = cfg.num_attention_heads * 2 * (2 * cfg.head_dim)
         attention += keys * per_key
     return 2 * (body + head) + attention
+
+
+def prefill_compute_share(cap: Capacity) -> float:
+    """Share of the GPUs' dense bf16 peak the prompts' prefill needs at ``cap``'s decode rate.
+
+    Requests finish at ``R / output_tokens`` a second (``R`` = ``cap.tokens_per_s``);
+    each prefills its prompt tokens not read from the prefix cache,
+    ``F_pre`` FLOPs (:func:`kvlib.deploy.prefill_flops`), on ``tp x replicas`` GPUs:
+    ``(R / out) x F_pre / (gpus x F_peak)``. :func:`assess` rates the decode steps
+    only; this is the arithmetic they leave out. Near or above 1, the GPUs cannot
+    sustain the decode rate and prefill its prompts too.
+    """
+    s = cap.scenario
+    flops = prefill_flops(s.model, s.prompt_tokens).total
+    if cap.shared_blocks:  # the cached prefix's own weights and attention are skipped;
+        # the rest of the prompt still attends to it
+        done = prefill_flops(s.model, s.shared_prefix_tokens)
+        flops -= done.weights + done.attention
+    requests_per_s = cap.tokens_per_s / s.output_tokens
+    return requests_per_s * flops / (s.gpus * s.gpu.bf16_dense_flops_per_s)
 
 
 def assess(s: Scenario) -> Capacity:

@@ -19,10 +19,11 @@ from kvlib.capacity import (
     assess,
     decode_flops_per_token,
     held_blocks,
+    prefill_compute_share,
     seats_with_shared_prefix,
 )
 from kvlib.config import load_config
-from kvlib.deploy import decode_step_bytes, kv_bytes_per_gpu, prefill_flops
+from kvlib.deploy import decode_step_bytes, kv_bytes_per_gpu, matmul_params, prefill_flops
 from kvlib.hardware import get_gpu
 from kvlib.kvpool import blocks_per_sequence, kv_cache_groups, kv_pool
 from kvlib.mla import MLAShape, mla_step_cost
@@ -209,6 +210,32 @@ def test_decode_flops_are_one_more_prefill_token(name: str, context: int) -> Non
     # Prefill counts the LM head once either way: one decode token adds the body and attention.
     expected = more.weights - less.weights + more.attention - less.attention + more.lm_head
     assert decode_flops_per_token(cfg, context) == expected
+
+
+@pytest.mark.parametrize("prefix_caching", [False, True])
+def test_prefill_share_is_the_prompt_tokens_not_cached_token_by_token(
+    prefix_caching: bool,
+) -> None:
+    """Prefilling token t costs what decoding at context t costs, less its LM head
+    (prefill computes logits once): summed over the tokens past the cached prefix, at
+    the rate the decode steps finish requests, over the GPU's dense peak."""
+    cap = assess(rag(prefix_caching=prefix_caching, max_model_len=8_192))
+    s = cap.scenario
+    first = s.shared_prefix_tokens if prefix_caching else 0
+    assert bool(cap.shared_blocks) == prefix_caching
+    _, head = matmul_params(LLAMA8)
+    flops = sum(decode_flops_per_token(LLAMA8, t) or 0 for t in range(first, s.prompt_tokens))
+    flops -= 2 * head * (s.prompt_tokens - first - 1)
+    expected = cap.tokens_per_s / s.output_tokens * flops / H100.bf16_dense_flops_per_s
+    assert prefill_compute_share(cap) == pytest.approx(expected, rel=1e-12)
+    # 6,000-token prompts for 500-token replies: prefill outweighs the decode arithmetic
+    assert prefill_compute_share(cap) > 5 * (cap.compute_utilization or 0)
+
+
+def test_prefill_share_is_spread_over_every_gpu() -> None:
+    one, two = assess(rag()), assess(rag(replicas=2, concurrency=256))
+    assert two.tokens_per_s == pytest.approx(2 * one.tokens_per_s)
+    assert prefill_compute_share(two) == pytest.approx(prefill_compute_share(one))
 
 
 def test_mla_decode_attention_is_the_absorbed_path() -> None:
