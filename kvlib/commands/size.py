@@ -296,7 +296,8 @@ def _notes(
         notes.append(f"{gpu.name} memory: {gpu.memory_source}")
     if gpu is not None and not kv_memory_given:
         notes.append(
-            "free memory = utilization x GPU memory - weights per GPU; an engine also "
-            "reserves activations and CUDA graphs, so it grants somewhat less"
+            "free memory = utilization x GPU memory - weights per GPU; an engine grants "
+            "somewhat less: it also reserves activations and CUDA graphs, and vLLM "
+            "multiplies CUDA's memory total, a few hundred MiB below nvidia-smi's"
         )
     return notes
