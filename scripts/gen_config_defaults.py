@@ -81,27 +81,29 @@ def _jsonable(value: Any) -> bool:
     return isinstance(value, (bool, int, float, str))
 
 
-def derives_layer_types(cls: Any) -> str | None:
+def derives(cls: Any, field: str) -> str | None:
     """The text ``model_type`` of ``cls`` when its config, built with no arguments,
-    fills in ``layer_types`` itself (a rule kvlib must know or refuse to guess)."""
+    fills in the per-layer list ``field`` itself (a rule kvlib must know or refuse to
+    guess)."""
     try:
         text = cls().get_text_config()
-        types = getattr(text, "layer_types", None)
+        values = getattr(text, field, None)
     except Exception:  # a class that needs arguments, or an optional dependency
         return None
-    if isinstance(types, list) and types and isinstance(text.model_type, str):
+    if isinstance(values, list) and values and isinstance(text.model_type, str):
         return text.model_type
     return None
 
 
 def defaults() -> dict[str, Any]:
     """``{"models": {model_type: {field: default}}, "text_model_type": {outer: inner},
-    "derived_layer_types": [text model_type...]}``."""
+    "derived_layer_types": [text model_type...], "derived_indexer_types": [...]}``."""
     from transformers import CONFIG_MAPPING
 
     models: dict[str, dict[str, Any]] = {}
     text_types: dict[str, str] = {}
     derived: set[str] = set()
+    derived_indexers: set[str] = set()
     for model_type in sorted(CONFIG_MAPPING.keys()):
         try:
             cls = CONFIG_MAPPING[model_type]
@@ -114,13 +116,16 @@ def defaults() -> dict[str, Any]:
         inner = getattr(text_cls, "model_type", None)
         if isinstance(inner, str) and inner and inner != model_type:
             text_types[model_type] = inner
-        if (name := derives_layer_types(cls)) is not None:
+        if (name := derives(cls, "layer_types")) is not None:
             derived.add(name)
+        if (name := derives(cls, "indexer_types")) is not None:
+            derived_indexers.add(name)
     return {
         "transformers": _version(),
         "models": models,
         "text_model_type": text_types,
         "derived_layer_types": sorted(derived),
+        "derived_indexer_types": sorted(derived_indexers),
     }
 
 

@@ -85,3 +85,36 @@ def test_the_cli_says_why_in_one_line(tmp_path: Path) -> None:
                             capture_output=True, text=True)  # fmt: skip
     assert result.returncode == 2 and result.stdout == ""
     assert result.stderr.count("\n") == 1 and "decoder-only" in result.stderr
+
+
+def transformers_default(model_type: str, **small: Any) -> dict[str, Any]:
+    """The default config of transformers' class for ``model_type``, as a config.json."""
+    from transformers import CONFIG_MAPPING
+
+    fields: dict[str, Any] = CONFIG_MAPPING[model_type](**small).to_dict()
+    fields["model_type"] = model_type
+    return fields
+
+
+def test_keys_and_values_of_different_widths_are_refused_outside_mla() -> None:
+    """MiMo-V2-Flash caches 192-wide keys and 128-wide values (MiMoV2FlashConfig)."""
+    with pytest.raises(ConfigError, match=r"'v_head_dim' \(128\) differs .* 'head_dim' \(192\)"):
+        load_config(transformers_default("mimo_v2_flash"))
+
+
+def test_mla_beside_windowed_layers_is_refused() -> None:
+    """dots3's windowed layers keep a cache that is not the MLA latent."""
+    with pytest.raises(ConfigError, match="mixes MLA layers with sliding_attention"):
+        load_config(transformers_default("dots3_note_text"))
+
+
+def test_a_derived_indexer_list_must_be_given() -> None:
+    """HYV4Config derives which layers share an indexer (no keys cached) when the file
+    has no indexer_types; kvlib asks for the list instead of giving every layer keys."""
+    fields = transformers_default("hy_v4")
+    fields.pop("indexer_types")
+    with pytest.raises(ConfigError, match="no 'indexer_types'"):
+        load_config(fields)
+    given = load_config(transformers_default("hy_v4"))
+    shared = transformers_default("hy_v4")["indexer_types"].count("shared")
+    assert sum(spec.indexer_head_dim == 0 for spec in given.layers) == shared > 0  # type: ignore[attr-defined]

@@ -240,6 +240,28 @@ CONFIGS: dict[str, dict[str, Any]] = {
         "num_attention_heads": 4,
         "partial_rotary_factor": 0.4,
     },
+    # HY-V4: MLA plus a sparse-attention indexer, which a "shared" layer (indexer_types)
+    # borrows from the layer before it and caches no keys for (HYV4Attention.skip_topk).
+    "hy-v4-shared-indexer": {
+        **_SMALL,
+        "model_type": "hy_v4",
+        "num_hidden_layers": 3,
+        "num_attention_heads": 1,
+        "num_key_value_heads": 1,
+        "moe_intermediate_size": 16,
+        "n_routed_experts": 4,
+        "num_experts_per_tok": 2,
+        "q_lora_rank": 16,
+        "kv_lora_rank": 512,
+        "qk_rope_head_dim": 64,
+        "qk_nope_head_dim": 32,
+        "v_head_dim": 32,
+        "index_n_heads": 2,
+        "index_head_dim": 128,
+        "index_topk": 8,
+        "layer_types": ["indexed_attention"] * 3,
+        "indexer_types": ["full", "full", "shared"],
+    },
     # No layer_types: GptOssConfig alternates sliding and full from layer 0 (a guess of
     # "every layer slides when a window is set" would be wrong here).
     "gpt-oss-derived": {

@@ -16,6 +16,7 @@ from typing import Any
 
 __all__ = [
     "ConfigError",
+    "derives_indexer_types",
     "derives_layer_types",
     "family",
     "first_int",
@@ -59,6 +60,12 @@ def derives_layer_types(model_type: str) -> bool:
     ``layer_types`` itself when a config.json has none (extracted from the pinned
     release into ``config_defaults.json``)."""
     return model_type in _defaults()["derived_layer_types"]
+
+
+def derives_indexer_types(model_type: str) -> bool:
+    """Whether the family's config class fills in ``indexer_types`` (which layers run
+    their own sparse-attention indexer) when a config.json has none."""
+    return model_type in _defaults()["derived_indexer_types"]
 
 
 def text_config(data: Mapping[str, Any]) -> Mapping[str, Any]:

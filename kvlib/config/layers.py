@@ -8,6 +8,7 @@ from typing import Any
 
 from kvlib.config.fields import (
     ConfigError,
+    derives_indexer_types,
     first_int,
     get_bool,
     get_int,
@@ -113,13 +114,34 @@ def layer_specs(
     """One cache spec per transformers layer type."""
     window = sliding_window(text)
     overrides = _full_layer_overrides(text, types, heads)
+    own_indexer = _own_indexer(text, len(types))
     specs = []
     for index, layer_type in enumerate(types):
         kv_heads, head_dim = overrides.get(index, (heads.num_kv_heads, heads.head_dim))
-        specs.append(
-            _spec(text, layer_type, _Shape(kv_heads, head_dim, heads.num_heads), window, mla)
-        )
+        shape = _Shape(kv_heads, head_dim, heads.num_heads, own_indexer[index])
+        specs.append(_spec(text, layer_type, shape, window, mla))
     return tuple(specs)
+
+
+def _own_indexer(text: Mapping[str, Any], num_layers: int) -> list[bool]:
+    """Whether each layer runs (and caches keys for) its own sparse-attention indexer:
+    ``indexer_types[i]`` "shared" reuses an earlier layer's top-k and caches none
+    (HYV4Attention's ``skip_topk``); absent, every indexed layer has its own."""
+    kinds = text.get("indexer_types")
+    if kinds is None and derives_indexer_types(str(text.get("model_type", ""))):
+        raise ConfigError(
+            f"the config has no 'indexer_types', and transformers derives them for model_type "
+            f"{text.get('model_type')!r} (which layers cache their own indexer keys): add the "
+            "list, one 'full' or 'shared' per layer"
+        )
+    if kinds is None:
+        return [True] * num_layers
+    if not isinstance(kinds, list) or len(kinds) != num_layers:
+        raise ConfigError(f"'indexer_types' must list {num_layers} entries ('full' or 'shared')")
+    unknown = sorted({str(k) for k in kinds} - {"full", "shared"})
+    if unknown:
+        raise ConfigError(f"'indexer_types' entries must be 'full' or 'shared', got {unknown}")
+    return [kind == "full" for kind in kinds]
 
 
 @dataclass(frozen=True)
@@ -127,6 +149,7 @@ class _Shape:
     kv_heads: int
     head_dim: int
     num_heads: int
+    own_indexer: bool = True
 
 
 def _spec(
@@ -152,7 +175,8 @@ def _spec(
         if chunk is None:
             raise ConfigError("chunked_attention layers need 'attention_chunk_size' (tokens)")
         return ChunkedLocal(shape.kv_heads, shape.head_dim, chunk)
-    indexer = get_int(text, "index_head_dim") if layer_type == "indexed_attention" else 0
+    indexed = layer_type == "indexed_attention" and shape.own_indexer
+    indexer = get_int(text, "index_head_dim") if indexed else 0
     if mla is not None:
         return MLALatent(
             kv_lora_rank=mla.kv_lora_rank,
