@@ -19,7 +19,7 @@ import pytest
 from transformers import CONFIG_MAPPING
 
 from kvlib.config import ConfigError, load_config
-from kvlib.config.fields import derives_layer_types, text_config
+from kvlib.config.fields import derives, text_config
 from kvlib.config.layer_types import _GENERIC, _RULES, layer_types
 from kvlib.config.layers import sliding_window
 
@@ -74,7 +74,7 @@ def kvlib_types(data: dict[str, Any], num_layers: int) -> list[str]:
 
 
 def test_the_extracted_list_is_transformers_own() -> None:
-    missing = [name for name in text_classes() if not derives_layer_types(name)]
+    missing = [name for name in text_classes() if not derives(name, "layer_types")]
     assert not missing, "config_defaults.json is stale: run scripts/gen_config_defaults.py"
     assert len(text_classes()) > 50
 

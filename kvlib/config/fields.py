@@ -16,8 +16,7 @@ from typing import Any
 
 __all__ = [
     "ConfigError",
-    "derives_indexer_types",
-    "derives_layer_types",
+    "derives",
     "family",
     "first_int",
     "get_bool",
@@ -55,17 +54,12 @@ def family(model_type: str | None) -> str:
     return mapped
 
 
-def derives_layer_types(model_type: str) -> bool:
-    """Whether transformers' config class for this text family fills in
-    ``layer_types`` itself when a config.json has none (extracted from the pinned
-    release into ``config_defaults.json``)."""
-    return model_type in _defaults()["derived_layer_types"]
-
-
-def derives_indexer_types(model_type: str) -> bool:
-    """Whether the family's config class fills in ``indexer_types`` (which layers run
-    their own sparse-attention indexer) when a config.json has none."""
-    return model_type in _defaults()["derived_indexer_types"]
+def derives(model_type: str, field: str) -> bool:
+    """Whether transformers' config class for this text family fills in the per-layer
+    list ``field`` (``layer_types``, ``indexer_types``) itself when a config.json has
+    none: a rule kvlib must know or refuse to guess (extracted from the pinned release
+    into ``config_defaults.json``)."""
+    return model_type in _defaults()[f"derived_{field}"]
 
 
 def text_config(data: Mapping[str, Any]) -> Mapping[str, Any]:

@@ -26,6 +26,11 @@ SPELLINGS = ("num_key_value_heads", "num_kv_heads", "n_head_kv")
 _OTHER_TOWERS = re.compile(r"vision|audio|speech|image|video|encoder|quantization|rope")
 _LOOKS_LIKE_KV_HEADS = re.compile(r"(kv|key_value).*heads?$|heads?_kv$|query_group")
 
+# Read here, or (Gemma 4's full layers, when attention_k_eq_v) by kvlib.config.layers.
+_READ = frozenset(
+    {*SPELLINGS, "multi_query_group_num", "attn_config.kv_n_heads", "num_global_key_value_heads"}
+)
+
 
 def kv_heads(text: Mapping[str, Any], num_heads: int) -> int:
     """The KV heads of every layer; a field that looks like another count is refused."""
@@ -38,12 +43,6 @@ def kv_heads(text: Mapping[str, Any], num_heads: int) -> int:
                 "heads. Copy the count into 'num_key_value_heads' to size this model"
             )
     return count
-
-
-# Read here, or (Gemma 4's full layers, when attention_k_eq_v) by kvlib.config.layers.
-_READ = frozenset(
-    {*SPELLINGS, "multi_query_group_num", "attn_config.kv_n_heads", "num_global_key_value_heads"}
-)
 
 
 def _read(text: Mapping[str, Any], num_heads: int) -> int:

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from kvlib.config.fields import ConfigError, derives_layer_types, get_optional_int
+from kvlib.config.fields import ConfigError, derives, get_optional_int
 
 __all__ = ["KNOWN_TYPES", "layer_types"]
 
@@ -104,7 +104,7 @@ def _derive(text: Mapping[str, Any], fam: str, num_layers: int, window: int | No
     rule = _RULES.get(fam)
     if rule is not None:
         return rule(text, num_layers)
-    if derives_layer_types(fam) and fam not in _GENERIC:
+    if derives(fam, "layer_types") and fam not in _GENERIC:
         raise ConfigError(
             f"the config has no 'layer_types', and transformers derives them for model_type "
             f"{fam!r} by a rule kvlib does not know (which layers slide, or keep a recurrent "

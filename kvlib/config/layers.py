@@ -8,7 +8,7 @@ from typing import Any
 
 from kvlib.config.fields import (
     ConfigError,
-    derives_indexer_types,
+    derives,
     first_int,
     get_bool,
     get_int,
@@ -128,13 +128,13 @@ def _own_indexer(text: Mapping[str, Any], num_layers: int) -> list[bool]:
     ``indexer_types[i]`` "shared" reuses an earlier layer's top-k and caches none
     (HYV4Attention's ``skip_topk``); absent, every indexed layer has its own."""
     kinds = text.get("indexer_types")
-    if kinds is None and derives_indexer_types(str(text.get("model_type", ""))):
-        raise ConfigError(
-            f"the config has no 'indexer_types', and transformers derives them for model_type "
-            f"{text.get('model_type')!r} (which layers cache their own indexer keys): add the "
-            "list, one 'full' or 'shared' per layer"
-        )
     if kinds is None:
+        if derives(str(text.get("model_type", "")), "indexer_types"):
+            raise ConfigError(
+                "the config has no 'indexer_types', and transformers derives them for "
+                f"model_type {text.get('model_type')!r} (which layers cache their own indexer "
+                "keys): add the list, one 'full' or 'shared' per layer"
+            )
         return [True] * num_layers
     if not isinstance(kinds, list) or len(kinds) != num_layers:
         raise ConfigError(f"'indexer_types' must list {num_layers} entries ('full' or 'shared')")
