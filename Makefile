@@ -23,12 +23,12 @@ book: $(STAMP) book-deps release
 
 ## test: lint, type-check, then every test (unit, reference, notebooks, grading, site)
 test: $(STAMP) system-deps
-	$(PY) -m ruff check kvlib tests scripts nbgrader_config.py
+	$(PY) -m ruff check kvlib course tests scripts nbgrader_config.py
 	$(PY) -m mypy
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) -m pytest -n $(TEST_WORKERS) --dist loadscope --durations=25
 
 lint: $(STAMP)
-	$(PY) -m ruff check kvlib tests scripts nbgrader_config.py
+	$(PY) -m ruff check kvlib course tests scripts nbgrader_config.py
 
 unit: $(STAMP) system-deps
 	$(PY) -m pytest -m "not reference and not notebooks and not site"
@@ -42,7 +42,7 @@ release: $(STAMP)
 .PHONY: grade
 grade: $(STAMP) grading-deps
 	@test -n "$(ASSIGNMENT)" || { echo "usage: make grade ASSIGNMENT=01_kv_cache"; exit 2; }
-	$(PY) -m kvlib.grading.batch "$(ASSIGNMENT)" $(if $(FORCE),--force) $(if $(JOBS),--jobs $(JOBS))
+	$(PY) -m course.batch "$(ASSIGNMENT)" $(if $(FORCE),--force) $(if $(JOBS),--jobs $(JOBS))
 
 ## check NB=exercises/NN_slug/name.ipynb: self-grade one notebook
 check: $(STAMP)

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from kvlib.checks import require_int
+from kvlib._validate import require_int
 from kvlib.config import ModelConfig
 from kvlib.dtypes import check_dtype
 from kvlib.specs import CacheSpec

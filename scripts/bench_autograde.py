@@ -32,7 +32,7 @@ import nbformat
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from kvlib.grading.course import run_nbgrader  # noqa: E402
+from course.scratch import run_nbgrader  # noqa: E402
 
 ASSIGNMENT, NOTEBOOK = "01_kv_cache", "kv_cache"
 MARKERS = ("### BEGIN SOLUTION", "### END SOLUTION")

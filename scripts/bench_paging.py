@@ -23,7 +23,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from kvlib.fragmentation import POLICIES, SHAREGPT_LIKE, sample_requests, simulate  # noqa: E402
+from kvlib.paging.fragmentation import POLICIES, SHAREGPT_LIKE, sample_requests, simulate  # noqa: E402
 from kvlib.sizing import kv_bytes_per_token_dense  # noqa: E402
 from kvlib.units import GiB  # noqa: E402
 

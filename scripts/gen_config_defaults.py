@@ -3,7 +3,7 @@
 A config.json may omit a field its config class fills in (a Gemma 3 text_config
 has no num_attention_heads; transformers uses Gemma3TextConfig's 8). kvlib must
 use the same defaults without importing transformers, so they are extracted here
-from the pinned transformers release; tests/test_config.py checks the file is current.
+from the pinned transformers release; tests/unit/test_config.py checks the file is current.
 
 Usage: python scripts/gen_config_defaults.py [--check]
 """

@@ -4,7 +4,7 @@ Each assignment is generated in a throwaway course directory (so the
 repository's gradebook is left alone), then copied over
 ``exercises/<assignment>/``. The output depends only on the source
 notebooks: running it twice gives identical files, and
-``tests/test_nbgrader_e2e.py`` checks that the committed exercises equal a
+``tests/grading/test_nbgrader_e2e.py`` checks that the committed exercises equal a
 fresh generation.
 
 Usage: ``python scripts/release.py [--output DIR] [ASSIGNMENT ...]``.
@@ -21,7 +21,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from kvlib.grading.course import (  # noqa: E402
+from course.scratch import (  # noqa: E402
     NbgraderError,
     assignment_ids,
     make_course,

@@ -184,8 +184,8 @@ CLASS = {
 
 
 def _grade_twice(folder: Path) -> int:
-    from kvlib.grading.batch import main as make_grade
-    from kvlib.grading.course import make_course, run_nbgrader
+    from course.batch import main as make_grade
+    from course.scratch import make_course, run_nbgrader
 
     serial = make_course(folder / "serial", ROOT, [ASSIGNMENT], timeout_s=10)
     run_nbgrader(serial, "generate_assignment", ASSIGNMENT, "--force")

@@ -1,4 +1,4 @@
-"""Helpers for tests/test_site.py: the build, the table of contents, a local server.
+"""Helpers for tests/site/test_site.py: the build, the table of contents, a local server.
 
 Kept free of pytest so that each piece can be read on its own.
 """

@@ -1,6 +1,6 @@
 """``kvlib engine-bench``: one seeded workload through static and continuous batching.
 
-Runs :class:`kvlib.engine.Engine` on the CPU with a small random-weight decoder,
+Runs :class:`kvlib.engine.core.Engine` on the CPU with a small random-weight decoder,
 prints each scheduler's throughput and time-to-first-token percentiles, their
 ratio, and whether every request's greedy tokens equal those of running it
 alone (``outputs_match_single``). torch is imported when the command runs.
@@ -108,9 +108,9 @@ def benchmark(args: argparse.Namespace) -> EngineBenchReport:
     from tqdm import tqdm
 
     from kvlib.config import load_config
-    from kvlib.engine import Engine, EngineConfig, Request
+    from kvlib.engine.core import Engine, EngineConfig, Request
+    from kvlib.engine.scheduler import Policy
     from kvlib.nn.decoder import TinyDecoder, tiny_config
-    from kvlib.serving.scheduler import Policy
 
     torch.set_num_threads(1)
     model = TinyDecoder(load_config(tiny_config(max_positions=512)), seed=args.seed)

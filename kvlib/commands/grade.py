@@ -1,4 +1,8 @@
-"""``kvlib grade``: self-check one exercise notebook with the course's grader."""
+"""``kvlib grade``: self-check one exercise notebook with the course's grader.
+
+The grader is the course's (:mod:`course.selfcheck`), installed beside kvlib from this
+repository; kvlib itself never imports nbgrader.
+"""
 
 from __future__ import annotations
 
@@ -19,8 +23,12 @@ def register(commands: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Grade the notebook (nbgrader is imported only here, and only when installed)."""
-    from kvlib.grading import selfcheck
+    """Grade the notebook with the course's self-check, when the course is installed."""
+    try:
+        from course import selfcheck
+    except ImportError:
+        return fail("grade", "the course's grader is not installed: run `make check NB=...` "
+                    "from the course repository")
 
     if not selfcheck.grader_installed():
         return fail("grade", selfcheck.MISSING_GRADER)

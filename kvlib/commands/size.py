@@ -6,13 +6,15 @@ import argparse
 from dataclasses import dataclass
 from typing import Any
 
-from kvlib import deploy, kvpool, params, sizing
+from kvlib import bounds, sizing
 from kvlib.commands import UsageError, emit, fail
 from kvlib.commands.size_render import render
 from kvlib.config import ConfigError, ModelConfig, bundled_models, load_config
 from kvlib.dtypes import DTYPE_BITS, check_dtype
 from kvlib.hardware import GPUSpec, get_gpu, gpu_names
+from kvlib.paging import vllm_pool
 from kvlib.units import parse_bytes
+from kvlib.weights import params
 
 __all__ = ["SizeReport", "register", "size_report"]
 
@@ -104,8 +106,8 @@ def register(commands: Any) -> None:
     size.add_argument(
         "--block-size",
         type=int,
-        default=kvpool.DEFAULT_BLOCK_SIZE,
-        help=f"tokens a KV block holds, as vLLM's --block-size ({kvpool.DEFAULT_BLOCK_SIZE})",
+        default=vllm_pool.DEFAULT_BLOCK_SIZE,
+        help=f"tokens a KV block holds, as vLLM's --block-size ({vllm_pool.DEFAULT_BLOCK_SIZE})",
     )
     size.add_argument("--json", action="store_true", help="print one JSON object")
     size.set_defaults(handler=run)
@@ -155,11 +157,11 @@ def _inputs(args: argparse.Namespace) -> _Inputs:
         except ValueError as err:
             raise UsageError(f"--kv-memory: {err}") from None
     cfg = load_config(args.config)
-    if args.tp not in deploy.valid_tp_degrees(cfg, max_tp=args.tp):
+    if args.tp not in bounds.valid_tp_degrees(cfg, max_tp=args.tp):
         raise UsageError(
             f"--tp {args.tp} (tp={args.tp}) does not split the {cfg.num_attention_heads} "
             f"attention heads and {cfg.num_key_value_heads} KV heads of {cfg.name} evenly: "
-            f"use one of {deploy.valid_tp_degrees(cfg, max_tp=max(args.tp, 8))}"
+            f"use one of {bounds.valid_tp_degrees(cfg, max_tp=max(args.tp, 8))}"
         )
     return _Inputs(cfg, kv_dtype, weight_dtype, gpu, kv_memory)
 
@@ -189,7 +191,7 @@ def size_report(args: argparse.Namespace) -> SizeReport:
     cfg, kv_dtype, tp = given.cfg, given.kv_dtype, args.tp
     count = params.count_params(cfg)
     weight_format, weights, weight_note = _weights(cfg, given.weight_dtype)
-    per_gpu_kv = deploy.kv_bytes_per_gpu(cfg, args.context, kv_dtype, tp)
+    per_gpu_kv = bounds.kv_bytes_per_gpu(cfg, args.context, kv_dtype, tp)
     gpu = given.gpu
     notes = _notes(cfg, kv_dtype, gpu, given.kv_memory_bytes is not None)
     usable = None if gpu is None else int(gpu.memory_bytes * args.gpu_memory_utilization)
@@ -201,13 +203,13 @@ def size_report(args: argparse.Namespace) -> SizeReport:
     seats = None if free is None else sizing.seats(max(free, 0), per_gpu_kv)
     step_bytes = speed = None
     if gpu is not None and weights is not None and fits:
-        step_bytes = deploy.decode_step_bytes(
+        step_bytes = bounds.decode_step_bytes(
             cfg, args.batch, args.context, kv_dtype, given.weight_dtype, tp
         )
-        speed = deploy.decode_tokens_per_s(step_bytes, gpu.hbm_bandwidth_bytes_per_s)
+        speed = bounds.decode_tokens_per_s(step_bytes, gpu.hbm_bandwidth_bytes_per_s)
     min_gpus = None
     if gpu is not None and weights is not None:
-        min_gpus = deploy.min_gpus(cfg, gpu, given.weight_dtype, args.gpu_memory_utilization)
+        min_gpus = bounds.min_gpus(cfg, gpu, given.weight_dtype, args.gpu_memory_utilization)
     pool = _pool(cfg, args, kv_dtype, None if free is None else max(free, 0), notes)
     return SizeReport(
         model=cfg.name,
@@ -238,7 +240,7 @@ def size_report(args: argparse.Namespace) -> SizeReport:
         gpu_memory_utilization=None if gpu is None else args.gpu_memory_utilization,
         weight_bytes_per_gpu=weights_per_gpu,
         min_gpus=min_gpus,
-        valid_tp_degrees=None if gpu is None else deploy.valid_tp_degrees(cfg),
+        valid_tp_degrees=None if gpu is None else bounds.valid_tp_degrees(cfg),
         hbm_bandwidth_bytes_per_s=None if gpu is None else gpu.hbm_bandwidth_bytes_per_s,
         kv_bytes_per_gpu=per_gpu_kv,
         free_kv_bytes_per_gpu=None if free is None else max(free, 0),
@@ -268,21 +270,21 @@ class _Pool:
 def _pool(
     cfg: ModelConfig, args: argparse.Namespace, kv_dtype: str, free: int | None, notes: list[str]
 ) -> _Pool:
-    """vLLM's KV pool on one GPU (:mod:`kvlib.kvpool`), with max_model_len = --context."""
+    """vLLM's KV pool on one GPU (:mod:`kvlib.paging.vllm_pool`), with max_model_len = --context."""
     try:
-        page = kvpool.page_bytes(cfg, args.block_size, kv_dtype, args.tp)
-        per_sequence = kvpool.blocks_per_sequence(cfg, args.context, args.block_size, kv_dtype)
+        page = vllm_pool.page_bytes(cfg, args.block_size, kv_dtype, args.tp)
+        per_sequence = vllm_pool.blocks_per_sequence(cfg, args.context, args.block_size, kv_dtype)
     except ValueError as err:  # a layout vLLM pages in a way kvlib does not model
         notes.append(f"no vLLM pool figures: {err}")
         return _Pool()
     if free is None:
         return _Pool(page, per_sequence)
-    pool = kvpool.kv_pool(cfg, free, max_model_len=args.context, block_size=args.block_size,
+    pool = vllm_pool.kv_pool(cfg, free, max_model_len=args.context, block_size=args.block_size,
                           kv_dtype=kv_dtype, tp=args.tp)  # fmt: skip
     notes.append(
         f"pool as vLLM logs it: '{pool.startup_lines[0]}', '{pool.startup_lines[1]}' "
         f"(max_model_len = --context, max_num_batched_tokens = "
-        f"{kvpool.DEFAULT_MAX_NUM_BATCHED_TOKENS:,})"
+        f"{vllm_pool.DEFAULT_MAX_NUM_BATCHED_TOKENS:,})"
     )
     return _Pool(page, per_sequence, pool.num_blocks, pool.pool_tokens, pool.max_concurrency)
 

@@ -43,7 +43,8 @@ _PATTERNS = {
 # (Qwen2Config: the first max_window_layers layers full, the rest sliding when
 # use_sliding_window; else every layer slides when a window is set). Any other family
 # whose class derives them without a rule here is refused: guessing "every layer
-# alike" gave gpt-oss all-sliding and Jamba all-attention. tests/test_config_layer_types.py
+# alike" gave gpt-oss all-sliding and Jamba all-attention.
+# tests/reference/test_config_layer_types.py
 # checks both sets against the pinned transformers.
 _GENERIC = frozenset(
     {

@@ -10,7 +10,7 @@ DeepSeek-V2, section 2.1.4). Here a cache is counted in *bits* (elements x avera
 bits per element), so a 16-bit baseline and a cache quantized to "6 bits on average"
 (section 3.2.3) compare exactly. Element counts come from
 :func:`kvlib.sizing.kv_bytes_per_token` at bf16 (two bytes an element, no scales),
-the layout transformers 5.23 and vLLM allocate (``tests/test_reference.py``).
+the layout transformers 5.23 and vLLM allocate (``tests/reference/test_reference.py``).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from fractions import Fraction
 
-from kvlib.checks import require_int
+from kvlib._validate import require_int
 from kvlib.config import ConfigError, ModelConfig
 from kvlib.dtypes import DTYPE_BITS, check_dtype
 from kvlib.sizing import kv_bytes_per_token

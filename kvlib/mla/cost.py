@@ -9,8 +9,8 @@ indexer (DeepSeek-V3.2) narrows the absorbed path to the top-k tokens.
 
 FLOPs count a multiply-add as 2 and only matrix products (softmax, norms, RoPE and
 the top-k selection are left out), the convention of
-``torch.utils.flop_counter.FlopCounterMode``, which ``tests/test_nn_mla.py`` and
-``tests/test_nn_sparse.py`` count with on :mod:`kvlib.nn.mla` and
+``torch.utils.flop_counter.FlopCounterMode``, which ``tests/unit/test_nn_mla.py`` and
+``tests/unit/test_nn_sparse.py`` count with on :mod:`kvlib.nn.mla` and
 :mod:`kvlib.nn.sparse`.
 """
 
@@ -20,7 +20,7 @@ import math
 from dataclasses import dataclass
 from typing import Literal
 
-from kvlib.checks import require_int
+from kvlib._validate import require_int
 from kvlib.config import ConfigError, ModelConfig
 from kvlib.dtypes import DTYPE_BITS, check_dtype
 from kvlib.mla.cache import require_mla

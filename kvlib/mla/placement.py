@@ -2,31 +2,31 @@
 
 Tensor parallelism splits KV heads across GPUs, but an MLA latent has no heads:
 every rank holds every sequence's whole latent (vLLM's MLA backends;
-:func:`kvlib.deploy.kv_bytes_per_gpu`). With ``-tp 8`` a DeepSeek-V3 node
+:func:`kvlib.bounds.kv_bytes_per_gpu`). With ``-tp 8`` a DeepSeek-V3 node
 therefore holds only as many sequences as one GPU. Data-parallel attention
 (``-dp 8 --enable-expert-parallel``) gives each GPU its own sequences instead, at
 the price of a whole copy of the attention and other non-expert weights per GPU
 (vLLM docs, "Data Parallel Deployment": for MLA models "it can be advantageous to
 use data parallel for the attention layers").
 
-Weights are counted tensor by tensor (:func:`kvlib.layouts.weight_groups`), at a
+Weights are counted tensor by tensor (:func:`kvlib.weights.layouts.weight_groups`), at a
 chosen precision or as the checkpoint ships (``weight_dtype=None``: DeepSeek-V3's
 fp8 linear layers with their 128 x 128 block scales, its bf16 embeddings, norms
-and routers; :mod:`kvlib.quantized`).
+and routers; :mod:`kvlib.weights.quantized`).
 """
 
 from __future__ import annotations
 
 from typing import Literal
 
-from kvlib.checks import require_fraction, require_int
+from kvlib._validate import require_fraction, require_int
+from kvlib.bounds import kv_bytes_per_gpu
 from kvlib.config import ModelConfig
-from kvlib.deploy import kv_bytes_per_gpu
 from kvlib.dtypes import check_dtype
 from kvlib.hardware import GPUSpec
-from kvlib.layouts import WeightGroup, weight_groups
-from kvlib.params import group_weight_bytes
 from kvlib.sizing import kv_bytes, seats
+from kvlib.weights.layouts import WeightGroup, weight_groups
+from kvlib.weights.params import group_weight_bytes
 
 __all__ = ["AttentionParallel", "node_seats", "weight_bytes_per_gpu"]
 
@@ -98,7 +98,7 @@ def node_seats(
     Each GPU gives ``memory x utilization - weights`` to the cache (``memory`` as
     the driver reports it; the activation workspace an engine also reserves is left
     out, so this is an upper bound). Under TP every sequence has a share on every
-    GPU (:func:`kvlib.deploy.kv_bytes_per_gpu`: KV heads split, an MLA latent
+    GPU (:func:`kvlib.bounds.kv_bytes_per_gpu`: KV heads split, an MLA latent
     whole on each), so the node holds what one GPU holds; under DP attention a
     sequence lives on one GPU, so the node holds ``gpus`` times one GPU's seats.
     0 when the weights leave no room.

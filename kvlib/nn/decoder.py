@@ -1,9 +1,9 @@
 """A small Llama-style decoder with random weights that reads and writes a paged KV cache.
 
-The serving engine (:mod:`kvlib.engine`) runs it. The architecture is Llama's
+The serving engine (:mod:`kvlib.engine.core`) runs it. The architecture is Llama's
 (``LlamaForCausalLM`` in transformers): RMSNorm, grouped-query attention with
 rotary position embeddings (rotate-half, ``theta = 10000``), a SwiGLU MLP, an
-untied LM head; ``tests/test_nn_decoder.py`` loads the same weights into
+untied LM head; ``tests/unit/test_nn_decoder.py`` loads the same weights into
 transformers' model and checks that both give the same logits. Weights are
 seeded, in float64 by default so that batching many sequences together gives
 the same greedy tokens as running each alone (a float32 matmul may round a

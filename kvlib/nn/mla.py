@@ -13,7 +13,7 @@ it back, the layer can:
   ``d_c``) and ``W_UV`` into the output, and attend in latent space: MQA with the
   latent as the one key (``d_c + d_r``) and its first ``d_c`` elements as the value.
 
-Both compute the same function; ``tests/test_nn_mla.py`` checks them against each
+Both compute the same function; ``tests/unit/test_nn_mla.py`` checks them against each
 other, against a float64 reference and against transformers, and counts their
 FLOPs and bytes against :func:`kvlib.mla.mla_step_cost`. RoPE has no YaRN
 scaling here (``qk_head_dim ** -0.5`` is the softmax scale).

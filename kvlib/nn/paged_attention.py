@@ -12,7 +12,7 @@ slots past its length and computes softmax attention for one new query per
 sequence, with grouped-query attention (``H`` query heads sharing ``H_kv``
 key/value heads). It is checked against
 ``torch.nn.functional.scaled_dot_product_attention`` on the same keys and
-values stored contiguously (``tests/test_nn_paged_attention.py``). It is a
+values stored contiguously (``tests/unit/test_nn_paged_attention.py``). It is a
 reference for correctness, not a fused kernel: the gather copies the keys and
 values, which a real kernel (vLLM's ``paged_attention_v1``, FlashAttention's
 ``block_table`` argument) avoids by reading the blocks in place.

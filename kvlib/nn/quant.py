@@ -10,7 +10,7 @@ Three formats, each in its own module, share the types defined here:
 
 Every quantized tensor knows its **stored bytes**, counted from the tensors it
 holds (codes, scales, zero points), never from a formula, so the formulas of
-:mod:`kvlib.params` can be checked against it. Every format also states an
+:mod:`kvlib.weights.params` can be checked against it. Every format also states an
 elementwise **error bound** derived from the format alone (half a step of the
 integer grid; half a unit in the last place of fp8, plus any saturation), and
 :func:`measure_error` checks a round trip against it.

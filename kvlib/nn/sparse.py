@@ -10,7 +10,7 @@ over ``H_I`` indexer heads ``j`` (64 of width ``d_I`` = 128), with one key ``k[t
 per token shared by all heads: the indexer's own small cache. The module names
 and scalings are those of transformers' ``DeepseekV32Indexer`` (``wq_b``, ``wk``,
 ``k_norm``, ``weights_proj``; ``d_I ** -0.5`` on the logits, ``H_I ** -0.5`` on the
-weights), which ``tests/test_nn_sparse.py`` uses as the oracle.
+weights), which ``tests/unit/test_nn_sparse.py`` uses as the oracle.
 
 Attention over the selected tokens is MQA over shared rows, the absorbed MLA
 path: ``keys`` is the latent (``d_c + d_r``) and ``values`` its first ``d_c``

@@ -25,7 +25,7 @@ by numpy without a Python loop.
 
 :func:`batch_means`, :class:`Estimate` and :func:`t_quantile`, which turn a long,
 autocorrelated run into a confidence interval, live in
-:mod:`kvlib.serving.estimate` and are re-exported here.
+:mod:`kvlib.serving.confidence` and are re-exported here.
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ import numpy as np
 import numpy.typing as npt
 
 from kvlib.serving.bucket import TokenBucket
-from kvlib.serving.estimate import Estimate, batch_means, t_quantile
+from kvlib.serving.confidence import Estimate, batch_means, t_quantile
 
 __all__ = [
     "Estimate",

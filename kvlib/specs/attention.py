@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from fractions import Fraction
 from typing import ClassVar
 
-from kvlib.checks import require_int
+from kvlib._validate import require_int
 from kvlib.dtypes import bytes_for
 from kvlib.specs.base import CacheSpec
 

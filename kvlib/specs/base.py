@@ -9,7 +9,7 @@ from abc import ABC, abstractmethod
 from fractions import Fraction
 from typing import ClassVar
 
-from kvlib.checks import require_int
+from kvlib._validate import require_int
 from kvlib.dtypes import check_dtype
 
 __all__ = ["CacheSpec"]

@@ -10,7 +10,7 @@
 
 Every module here imports torch inside its functions only, so importing
 ``kvlib.timing`` costs nothing until something is timed. The roofline
-arithmetic that needs no torch lives in :mod:`kvlib.roofline`.
+arithmetic that needs no torch lives in :mod:`kvlib.timing.roofline`.
 """
 
 from kvlib.timing.devices import cache_flush_bytes, default_device, device_name

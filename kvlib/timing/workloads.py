@@ -3,7 +3,7 @@
 Each builder allocates its tensors on the device once and returns a
 :class:`Workload`: a no-argument function to pass to
 :func:`kvlib.timing.bench`, and the bytes it moves and FLOPs it does, counted
-by :mod:`kvlib.roofline` (minimum traffic: each operand read once, each
+by :mod:`kvlib.timing.roofline` (minimum traffic: each operand read once, each
 output written once; a copy counts ``2 N``). torch is imported inside the
 builders.
 """
@@ -14,8 +14,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from kvlib import roofline
 from kvlib.dtypes import check_dtype
+from kvlib.timing import roofline
 from kvlib.timing.devices import resolve_device
 
 __all__ = [

@@ -1,0 +1,17 @@
+"""What runs the course: nbgrader wiring, the grading sandbox, batch grading, the self-check.
+
+Students never import this package's grading machinery into their reasoning; a
+notebook's last cell calls :func:`course.selfcheck.check_notebook`, which grades
+the saved notebook the way the instructor's batch does.
+
+- :mod:`course.autograde`: ``configure(c, root)``, the nbgrader settings every path uses;
+- :mod:`course.intake`, :mod:`course.repair`: submissions read, repaired or set aside;
+- :mod:`course.execute`: the executing preprocessor (limits, hidden tests in this process);
+- :mod:`course.hidden`: hidden tests checked on plain values read out of the kernel;
+- :mod:`course.sandbox`, :mod:`course.limits`, :mod:`course.mounts`: bubblewrap kernels
+  with memory, time and output limits;
+- :mod:`course.flags`: what grading repaired or stopped, in the feedback and ``grades.csv``;
+- :mod:`course.scratch`: throwaway nbgrader course folders driven through nbgrader's CLI;
+- :mod:`course.batch`: ``make grade``, a class on every core;
+- :mod:`course.selfcheck`: ``make check`` and the notebook's "Check your work" cell.
+"""

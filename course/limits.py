@@ -1,0 +1,214 @@
+"""Resource limits for one student's kernel, enforced without cgroups.
+
+Three mechanisms, each covering what the others cannot:
+
+- ``setrlimit`` in the sandbox, set by a tiny launcher just before it execs the
+  kernel (:func:`launcher_argv`): address space per process (the memory
+  limit), tasks (``RLIMIT_NPROC``, processes and threads), the largest file,
+  open files, CPU seconds, no core dumps. ``RLIMIT_NPROC`` is ignored for
+  uid 0, so when the grader runs as root the launcher also switches to an
+  unprivileged uid of the kernel's own (:func:`kernel_uid`); run unprivileged,
+  the user namespace bubblewrap creates counts the sandbox's tasks apart from
+  the user's other processes (Linux 5.14 and later).
+- A :class:`Watchdog` thread in the grader that sums the proportional set size
+  (PSS) and the tasks of every process in the sandbox's pid namespace a few
+  times a second, and kills the sandbox when the sum passes the memory limit
+  or the task limit: per-process limits alone would let a kernel fork its way
+  to ``processes x memory``.
+- Size-limited tmpfs mounts for every writable path (``Limits.scratch_bytes``,
+  applied in :mod:`course.sandbox`): tmpfs pages are not counted in any
+  process's memory, so they must be capped where they are mounted.
+
+Output per cell and the whole notebook's wall time are limited on the
+grader's side, where the output arrives (:mod:`course.execute`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import signal
+import threading
+from dataclasses import dataclass
+
+from kvlib.units import GiB, MiB
+
+__all__ = [
+    "CELL_TIMEOUT_S",
+    "LAUNCHER",
+    "Limits",
+    "Usage",
+    "Watchdog",
+    "kernel_uid",
+    "launcher_argv",
+    "sandbox_usage",
+]
+
+# Seconds one cell may run (nbgrader's own per-cell timeout, Execute.timeout).
+CELL_TIMEOUT_S = 30
+
+# uids handed to kernels when the grader runs as root: far above any real account
+# (Debian allocates from 1000; systemd's dynamic users stop at 65519), and one per
+# grading process, so two kernels never share a task count.
+_UID_BASE = 3_000_000_000
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What one student's kernel may use. Every field is a hard ceiling."""
+
+    memory_bytes: int = 2 * GiB  # address space per process, and PSS of the whole sandbox
+    processes: int = 64  # tasks (processes + threads) in the sandbox
+    output_bytes: int = 1 * MiB  # output one cell may send before its kernel is stopped
+    notebook_s: float = 300.0  # wall time for the whole notebook
+    file_bytes: int = 64 * MiB  # largest file the kernel may write
+    scratch_bytes: int = 64 * MiB  # each writable tmpfs (the notebook's folder, /tmp)
+    open_files: int = 1024
+
+    def __post_init__(self) -> None:
+        for name in ("memory_bytes", "processes", "output_bytes", "file_bytes", "scratch_bytes"):
+            value = getattr(self, name)
+            if type(value) is not int or value <= 0:
+                raise ValueError(f"Limits.{name} must be a positive int, got {value!r}")
+        if not (isinstance(self.notebook_s, int | float) and self.notebook_s > 0):
+            raise ValueError(f"Limits.notebook_s must be positive, got {self.notebook_s!r}")
+        if self.processes < 16:
+            raise ValueError("Limits.processes below 16 leaves no room for the kernel's threads")
+
+    def rlimits(self) -> dict[str, int]:
+        """``resource`` limit names and values the launcher sets (soft = hard)."""
+        return {
+            "RLIMIT_AS": self.memory_bytes,
+            "RLIMIT_NPROC": self.processes,
+            "RLIMIT_FSIZE": self.file_bytes,
+            "RLIMIT_NOFILE": self.open_files,
+            "RLIMIT_CORE": 0,
+            # A backstop only: the grader stops the notebook at notebook_s of wall time.
+            "RLIMIT_CPU": math.ceil(self.notebook_s) + 30,
+        }
+
+
+# Runs inside the sandbox with ``python -I -S``: limits, then (as root) an unprivileged
+# uid with no supplementary groups, stdio to /dev/null, then exec the kernel.
+LAUNCHER = """\
+import json, os, resource, sys
+spec = json.loads(sys.argv[1])
+for name, value in spec["rlimits"].items():
+    resource.setrlimit(getattr(resource, name), (value, value))
+null = os.open(os.devnull, os.O_RDWR)
+for fd in (0, 1, 2):
+    os.dup2(null, fd)
+if spec["uid"] is not None:
+    os.setgroups([])
+    os.setgid(spec["uid"])
+    os.setuid(spec["uid"])
+os.execv(spec["argv"][0], spec["argv"])
+"""
+
+
+def kernel_uid() -> int | None:
+    """The uid kernels of this process run as: its own when unprivileged, else a fresh one.
+
+    A process grades one notebook at a time, so its pid names its kernel's uid.
+    """
+    if os.geteuid() != 0:
+        return None
+    return _UID_BASE + os.getpid()
+
+
+def launcher_argv(limits: Limits, kernel_cmd: list[str], uid: int | None) -> list[str]:
+    """``kernel_cmd`` prefixed by the launcher that applies ``limits`` (and ``uid``)."""
+    spec = {"rlimits": limits.rlimits(), "uid": uid, "argv": kernel_cmd}
+    return [kernel_cmd[0], "-I", "-S", "-c", LAUNCHER, json.dumps(spec)]
+
+
+@dataclass(frozen=True)
+class Usage:
+    """Memory (PSS, bytes) and tasks of the processes in one sandbox."""
+
+    memory_bytes: int
+    tasks: int
+
+
+def _pss_bytes(pid: str) -> int:
+    """Proportional set size: pages shared by forked children are counted once in the sum."""
+    try:
+        with open(f"/proc/{pid}/smaps_rollup", "rb") as f:
+            for line in f:
+                if line.startswith(b"Pss:"):
+                    return int(line.split()[1]) * 1024
+    except FileNotFoundError:
+        pass
+    with open(f"/proc/{pid}/statm", "rb") as f:  # kernels without smaps_rollup: RSS
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def _threads(pid: str) -> int:
+    with open(f"/proc/{pid}/status", "rb") as f:
+        for line in f:
+            if line.startswith(b"Threads:"):
+                return int(line.split()[1])
+    return 1
+
+
+def sandbox_usage(pid_namespace: str) -> Usage:
+    """Sum over the processes whose pid namespace is ``pid_namespace`` (a ``ns/pid`` link)."""
+    memory = tasks = 0
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            if os.readlink(f"/proc/{entry.name}/ns/pid") != pid_namespace:
+                continue
+            memory += _pss_bytes(entry.name)
+            tasks += _threads(entry.name)
+        except (OSError, ValueError, IndexError):  # exited meanwhile, or not ours to read
+            continue
+    return Usage(memory, tasks)
+
+
+class Watchdog(threading.Thread):
+    """Kill a sandbox (SIGKILL to its bubblewrap process) once it passes ``limits``.
+
+    ``bwrap_pid`` is the grader's own child, so its pid cannot be reused before
+    the grader reaps it; bubblewrap's ``--die-with-parent`` then takes the whole
+    pid namespace (``pid_namespace``, the ``ns/pid`` link of the sandbox's init)
+    down. ``reason`` says which limit was hit, for the student's feedback.
+    """
+
+    def __init__(
+        self, bwrap_pid: int, pid_namespace: str, limits: Limits, interval_s: float = 0.1
+    ) -> None:
+        super().__init__(name=f"kvlib-watchdog-{bwrap_pid}", daemon=True)
+        self.bwrap_pid = bwrap_pid
+        self.pid_namespace = pid_namespace
+        self.limits = limits
+        self.interval_s = interval_s
+        self.reason = ""
+        self.peak = Usage(0, 0)
+        self._stop_event = threading.Event()
+
+    def stop(self) -> None:
+        """Stop watching (the kernel was shut down by the grader)."""
+        self._stop_event.set()
+
+    def run(self) -> None:
+        while not self._stop_event.wait(self.interval_s):
+            usage = sandbox_usage(self.pid_namespace)
+            self.peak = Usage(
+                max(self.peak.memory_bytes, usage.memory_bytes), max(self.peak.tasks, usage.tasks)
+            )
+            if usage.memory_bytes > self.limits.memory_bytes:
+                self.reason = f"used more than {_gib(self.limits.memory_bytes)} of memory"
+            elif usage.tasks >= self.limits.processes:
+                self.reason = f"ran {self.limits.processes} or more processes and threads at once"
+            if self.reason:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(self.bwrap_pid, signal.SIGKILL)
+                return
+
+
+def _gib(n_bytes: int) -> str:
+    return f"{n_bytes / GiB:g} GiB" if n_bytes >= GiB else f"{n_bytes / MiB:g} MiB"

@@ -1,0 +1,194 @@
+"""The remedies for a KV-bound deployment, each priced and ranked, the free one first.
+
+A deployment is KV-bound when its cache pool, not its compute, caps the batch: the
+pool is full, requests wait or are preempted, and the batch that runs is too small
+to keep the GPU's arithmetic busy. Each remedy below is a changed
+:class:`kvlib.capacity.assessment.Scenario`; :func:`rank_remedies` assesses every one that
+applies and orders them by what they cost (a tier), then by the seats they add:
+
+0. **free**: ``max_model_len`` set from the product's need, not the model's maximum;
+1. **a flag and a check**: an fp8 KV cache (an accuracy check), prefix caching
+   (prompts that share their first tokens), scheduler settings (a latency trade;
+   they add next to no memory);
+2. **more GPUs**: a larger tensor-parallel degree, or another replica;
+3. **a model change**: a model that caches fewer bytes per token (GQA, MLA,
+   sliding windows), which needs a quality evaluation and, for an architecture of
+   one's own, retraining.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from kvlib.bounds import valid_tp_degrees
+from kvlib.capacity.assessment import Capacity, Scenario, ScenarioError, assess
+from kvlib.config import ModelConfig
+from kvlib.dtypes import DTYPE_BITS, check_dtype
+from kvlib.sizing import kv_bytes
+
+__all__ = ["COST_TIERS", "Ranking", "RemedyEffect", "rank_remedies"]
+
+COST_TIERS = ("free", "a flag and a check", "more GPUs", "a model change")
+
+
+@dataclass(frozen=True)
+class RemedyEffect:
+    """One remedy: what it costs, what it changes and leaves, and the capacity after it."""
+
+    name: str
+    tier: int  # index into COST_TIERS
+    cost: str
+    changes: str
+    leaves: str
+    after: Capacity
+    before: Capacity
+
+    @property
+    def cost_label(self) -> str:
+        return COST_TIERS[self.tier]
+
+    @property
+    def seats_gained(self) -> int:
+        """Sequences at the traffic's length the deployment holds in addition."""
+        return self.after.total_seats - self.before.total_seats
+
+    @property
+    def guaranteed_seats_gained(self) -> int:
+        """Sequences at ``max_model_len`` the pool holds in addition (per replica)."""
+        return self.after.guaranteed_seats - self.before.guaranteed_seats
+
+    @property
+    def tokens_per_s_ratio(self) -> float:
+        """Aggregate decode tokens/s after over before."""
+        return self.after.tokens_per_s / self.before.tokens_per_s
+
+    @property
+    def gpus_ratio(self) -> float:
+        """GPUs rented after over before."""
+        return self.after.scenario.gpus / self.before.scenario.gpus
+
+
+@dataclass(frozen=True)
+class Ranking:
+    """The baseline, the remedies that apply (cheapest first), and those that do not, why."""
+
+    baseline: Capacity
+    remedies: tuple[RemedyEffect, ...]
+    skipped: tuple[tuple[str, str], ...]
+
+
+_Change = Callable[[Scenario], Scenario]
+
+
+def _context_from_need(s: Scenario) -> Scenario:
+    if s.engine_max_len <= s.needed_context_tokens:
+        raise _NotApplicable("max_model_len is already the product's need")
+    return dataclasses.replace(s, max_model_len=s.needed_context_tokens)
+
+
+def _fp8_cache(s: Scenario) -> Scenario:
+    if DTYPE_BITS[check_dtype(s.kv_dtype)] <= 8:
+        raise _NotApplicable(f"the cache is already {s.kv_dtype}")
+    return dataclasses.replace(s, kv_dtype="fp8")
+
+
+def _prefix_caching(s: Scenario) -> Scenario:
+    if s.prefix_caching:
+        raise _NotApplicable("prefix caching is already on")
+    if s.shared_prefix_tokens < s.block_size:
+        raise _NotApplicable("the prompts share less than one block: nothing to share")
+    if any(layer.cap_tokens is not None for layer in s.model.layers):
+        raise _NotApplicable("prefix sharing is modelled for full-attention models only")
+    return dataclasses.replace(s, prefix_caching=True)
+
+
+def _scheduler(s: Scenario) -> Scenario:
+    return dataclasses.replace(s, max_num_seqs=max(s.max_num_seqs, s.concurrency))
+
+
+def _more_tp(s: Scenario) -> Scenario:
+    larger = [tp for tp in valid_tp_degrees(s.model, max_tp=8 * s.tp) if tp > s.tp]
+    if not larger:
+        raise _NotApplicable(f"no tensor-parallel degree above {s.tp} splits the heads")
+    return dataclasses.replace(s, tp=larger[0])
+
+
+def _replica(s: Scenario) -> Scenario:
+    return dataclasses.replace(s, replicas=2 * s.replicas)
+
+
+class _NotApplicable(Exception):
+    """The remedy does not apply to this scenario (the message says why)."""
+
+
+def _fewer_bytes(alternative: ModelConfig) -> _Change:
+    def change(s: Scenario) -> Scenario:
+        t = s.sequence_tokens
+        if kv_bytes(alternative, t, s.kv_dtype) >= kv_bytes(s.model, t, s.kv_dtype):
+            raise _NotApplicable(f"{alternative.name} caches no fewer bytes at {t:,} tokens")
+        return dataclasses.replace(s, model=alternative)
+
+    return change
+
+
+def _catalogue(alternative: ModelConfig | None) -> list[tuple[str, int, str, str, str, _Change]]:
+    """(name, tier, what it costs, what it changes, what it leaves, the change)."""
+    entries: list[tuple[str, int, str, str, str, _Change]] = [
+        ("max context from the product's need", 0,
+         "one flag (--max-model-len); refuses only requests longer than the product accepts",
+         "the longest sequence the pool must absorb: guaranteed seats, whether the engine "
+         "starts, and the default max_tokens (max_model_len - prompt) of requests that set none",
+         "a paged engine's seats at the traffic's real length, and decode speed",
+         _context_from_need),
+        ("fp8 KV cache", 1,
+         "one flag (--kv-cache-dtype fp8) and an accuracy check with calibrated scales",
+         "bytes per cached token (half of bf16): twice the pool tokens, half the cache read "
+         "each step", "the weights (only the cache is quantized)", _fp8_cache),
+        ("prefix caching", 1,
+         "one flag (on by default in vLLM v1) and prompts that start with the same tokens",
+         "the shared prompt's full blocks are held once and prefilled once",
+         "decode reads (each sequence still reads the shared blocks)", _prefix_caching),
+        ("scheduler settings", 1,
+         "flags (max_num_seqs, max_num_batched_tokens, chunked prefill); a latency trade",
+         "which requests run together, and how prefill chunks share a step with decodes",
+         "memory (a smaller token budget only shrinks the profiled activation workspace); "
+         "max_num_seqs past the seats only adds preemptions",
+         _scheduler),
+        ("more GPUs: tensor parallelism", 2,
+         "more GPU-hours, and an all-reduce between GPUs every layer",
+         "weights and KV heads split over more GPUs: each pool grows by the weights it sheds",
+         "an MLA latent, replicated on every GPU (it has no heads to split)", _more_tp),
+        ("more GPUs: another replica", 2,
+         "twice the GPU-hours",
+         "seats and aggregate tokens/s double", "each sequence's decode speed", _replica),
+    ]  # fmt: skip
+    if alternative is not None:
+        entries.append((
+            f"a model with fewer KV bytes per token ({alternative.name})", 3,
+            "a model change: quality evaluation, new weights, perhaps retraining",
+            "bytes per cached token (GQA, MLA, sliding windows), and the weights",
+            "the product's context need",
+            _fewer_bytes(alternative),
+        ))  # fmt: skip
+    return entries
+
+
+def rank_remedies(scenario: Scenario, alternative: ModelConfig | None = None) -> Ranking:
+    """Assess each remedy on ``scenario`` (``alternative``: a model to switch to, if any) and
+    rank them by cost tier, then by seats gained, then by guaranteed seats gained."""
+    baseline = assess(scenario)
+    effects, skipped = [], []
+    for name, tier, cost, changes, leaves, change in _catalogue(alternative):
+        try:
+            after = assess(change(scenario))
+        except _NotApplicable as reason:
+            skipped.append((name, str(reason)))
+            continue
+        except ScenarioError as reason:
+            skipped.append((name, f"the changed deployment cannot run: {reason}"))
+            continue
+        effects.append(RemedyEffect(name, tier, cost, changes, leaves, after, baseline))
+    effects.sort(key=lambda e: (e.tier, -e.seats_gained, -e.guaranteed_seats_gained))
+    return Ranking(baseline, tuple(effects), tuple(skipped))

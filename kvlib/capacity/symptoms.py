@@ -1,0 +1,104 @@
+"""Recognising a KV-bound engine from its per-step metrics.
+
+The signature, in the metrics a serving engine exports (vLLM's Prometheus names in
+brackets):
+
+- the cache pool is nearly full (``vllm:kv_cache_usage_perc`` near 1);
+- requests wait (``vllm:num_requests_waiting`` above 0, growing under load);
+- yet the running batch (``vllm:num_requests_running``) stays below the batch
+  cap (``max_num_seqs``): the pool, not the cap, stops admission;
+- sequences are preempted (``vllm:num_preemptions_total`` rising);
+- and the GPU's arithmetic idles: a decode step of a small batch reads every
+  weight for few tokens (its FLOP/s are a few percent of the peak,
+  :attr:`kvlib.capacity.assessment.Capacity.compute_utilization`).
+
+A step shows the signature when the pool is at least ``full_fraction`` used,
+someone waits, and the batch is below the cap. :func:`diagnose_steps` reads
+the records of :class:`kvlib.engine.core.Engine` (any objects with the same fields).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from kvlib._validate import require_fraction, require_int
+
+__all__ = ["StepMetrics", "Symptoms", "diagnose_steps"]
+
+
+class StepMetrics(Protocol):
+    """The fields of one engine step that the diagnosis reads."""
+
+    @property
+    def used_blocks(self) -> int: ...
+    @property
+    def running(self) -> int: ...
+    @property
+    def waiting(self) -> int: ...
+    @property
+    def preempted(self) -> int: ...
+
+
+@dataclass(frozen=True)
+class Symptoms:
+    """What a run's steps show, against its pool and batch cap."""
+
+    steps: int
+    num_blocks: int
+    max_batch_size: int
+    full_fraction: float
+    peak_usage: float  # largest fraction of the pool in use after a step
+    mean_usage: float
+    peak_waiting: int
+    mean_running: float
+    preemptions: int
+    kv_bound_steps: int  # pool >= full_fraction used, someone waiting, batch below the cap
+
+    @property
+    def kv_bound_share(self) -> float:
+        """Fraction of steps that show the signature."""
+        return self.kv_bound_steps / self.steps if self.steps else 0.0
+
+    @property
+    def batch_occupancy(self) -> float:
+        """Mean running batch over the cap: the share of batch slots in use."""
+        return self.mean_running / self.max_batch_size
+
+
+def diagnose_steps(
+    steps: Sequence[StepMetrics],
+    num_blocks: int,
+    max_batch_size: int,
+    full_fraction: float = 0.9,
+) -> Symptoms:
+    """Summarise ``steps`` of an engine with a pool of ``num_blocks`` and a batch cap."""
+    require_int(num_blocks, "num_blocks", 1)
+    require_int(max_batch_size, "max_batch_size", 1)
+    require_fraction(full_fraction, "full_fraction")
+    for i, step in enumerate(steps):
+        if not 0 <= step.used_blocks <= num_blocks:
+            raise ValueError(
+                f"step {i} uses {step.used_blocks} blocks of a pool of {num_blocks}: "
+                "pass the pool the records came from"
+            )
+    n = len(steps)
+    usage = [step.used_blocks / num_blocks for step in steps]
+    bound = sum(
+        1
+        for step, used in zip(steps, usage, strict=True)
+        if used >= full_fraction and step.waiting > 0 and step.running < max_batch_size
+    )
+    return Symptoms(
+        steps=n,
+        num_blocks=num_blocks,
+        max_batch_size=max_batch_size,
+        full_fraction=full_fraction,
+        peak_usage=max(usage, default=0.0),
+        mean_usage=sum(usage) / n if n else 0.0,
+        peak_waiting=max((step.waiting for step in steps), default=0),
+        mean_running=sum(step.running for step in steps) / n if n else 0.0,
+        preemptions=sum(step.preempted for step in steps),
+        kv_bound_steps=bound,
+    )

@@ -1,0 +1,187 @@
+"""Prefix caching: block hashes chained through a sequence, and what sharing saves.
+
+A *full* block of ``block_size`` tokens is identified by a hash of its parent
+block's hash, its own token ids and any extra keys (an adapter name, a cache
+salt, an image's hash): ``h_i = H(h_{i-1}, tokens_i, extra)``. Because each hash
+folds in its parent's, two sequences share block ``i`` only if they agree on
+*every* token up to the end of that block. This is vLLM v1's scheme
+(``hash_block_tokens`` and ``get_request_block_hasher`` in
+``vllm/v1/core/kv_cache_utils.py``, read at commit ``001cabc1be16``): only full
+blocks are hashed, a partial last block is never shared, and a request whose
+whole prompt hits the cache still recomputes its last token to get logits
+(``max_cache_hit_length = num_tokens - 1`` in ``KVCacheManager.get_computed_blocks``).
+
+vLLM seeds the chain with a random ``NONE_HASH`` per process (or one derived
+from ``PYTHONHASHSEED``); here the seed is a fixed constant, so hashes are
+reproducible across runs and machines.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import struct
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import NewType
+
+__all__ = [
+    "ROOT_HASH",
+    "BlockHash",
+    "ExtraKey",
+    "PrefixSharing",
+    "block_hashes",
+    "cacheable_blocks",
+    "hash_block_tokens",
+    "prefix_sharing",
+]
+
+BlockHash = NewType("BlockHash", bytes)
+ExtraKey = str | int | bytes
+
+# The parent of a sequence's first block: a fixed seed keeps hashes reproducible.
+ROOT_HASH = BlockHash(hashlib.sha256(b"kvlib.paging.prefix root block").digest())
+
+
+def _check_positive(name: str, value: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name} must be a positive integer, got {value!r}")
+
+
+def _check_count(name: str, value: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"{name} must be a non-negative integer, got {value!r}")
+
+
+def _encode_extra(extra_keys: Sequence[ExtraKey]) -> bytes:
+    """A byte string that tells apart ``("a", 1)``, ``("a1",)``, ``(b"a", 1)``."""
+    parts = []
+    for key in extra_keys:
+        if isinstance(key, bool) or not isinstance(key, str | int | bytes):
+            raise TypeError(
+                f"an extra key must be a str, int or bytes (an adapter name, a salt), "
+                f"got {type(key).__name__}"
+            )
+        raw = key if isinstance(key, bytes) else str(key).encode()
+        parts.append(type(key).__name__.encode() + struct.pack("<Q", len(raw)) + raw)
+    return b"".join(parts)
+
+
+def hash_block_tokens(
+    parent: BlockHash | None,
+    token_ids: Sequence[int],
+    extra_keys: Sequence[ExtraKey] = (),
+) -> BlockHash:
+    """SHA-256 of (parent hash, the block's token ids, extra keys): one link of the chain.
+
+    ``parent`` is None for a sequence's first block (then :data:`ROOT_HASH`
+    is used, as vLLM uses ``NONE_HASH``). Token ids are packed as
+    little-endian 64-bit integers, so the hash does not depend on the machine.
+    """
+    tokens = list(token_ids)
+    if any(isinstance(t, bool) or not isinstance(t, int) or t < 0 for t in tokens):
+        raise ValueError("token ids must be non-negative integers")
+    digest = hashlib.sha256(parent if parent is not None else ROOT_HASH)
+    digest.update(struct.pack(f"<Q{len(tokens)}q", len(tokens), *tokens))
+    digest.update(_encode_extra(extra_keys))
+    return BlockHash(digest.digest())
+
+
+def block_hashes(
+    token_ids: Sequence[int], block_size: int, extra_keys: Sequence[ExtraKey] = ()
+) -> list[BlockHash]:
+    """The hash of every *full* block of ``token_ids``; a partial tail gets none."""
+    _check_positive("block_size", block_size)
+    hashes: list[BlockHash] = []
+    parent: BlockHash | None = None
+    for start in range(0, len(token_ids) - block_size + 1, block_size):
+        parent = hash_block_tokens(parent, token_ids[start : start + block_size], extra_keys)
+        hashes.append(parent)
+    return hashes
+
+
+def cacheable_blocks(shared_tokens: int, prompt_tokens: int, block_size: int) -> int:
+    """Blocks a request can take from the cache when its first ``shared_tokens`` match.
+
+    ``min(shared // B, (prompt - 1) // B)``: whole blocks only, and never the
+    block holding the prompt's last token when the whole prompt matches, since
+    that token must be recomputed to produce the first output's logits.
+    """
+    _check_count("shared_tokens", shared_tokens)
+    _check_positive("prompt_tokens", prompt_tokens)
+    _check_positive("block_size", block_size)
+    if shared_tokens > prompt_tokens:
+        raise ValueError(
+            f"shared_tokens ({shared_tokens}) cannot exceed prompt_tokens ({prompt_tokens})"
+        )
+    return min(shared_tokens // block_size, (prompt_tokens - 1) // block_size)
+
+
+@dataclass(frozen=True)
+class PrefixSharing:
+    """What prefix caching saves when ``num_requests`` prompts share a prefix.
+
+    Blocks are counted while all requests are resident at once (memory);
+    prefill tokens over the whole batch (compute). The first request computes
+    the shared blocks; every later one finds them in the cache.
+    """
+
+    num_requests: int
+    prompt_tokens: int
+    shared_blocks: int
+    block_size: int
+
+    @property
+    def blocks_per_request(self) -> int:
+        """``cdiv(prompt, B)``: whole blocks one prompt needs on its own."""
+        return -(-self.prompt_tokens // self.block_size)
+
+    @property
+    def blocks_without_sharing(self) -> int:
+        """``N x cdiv(prompt, B)``."""
+        return self.num_requests * self.blocks_per_request
+
+    @property
+    def blocks_with_sharing(self) -> int:
+        """The shared blocks once, plus each request's own blocks."""
+        own = self.blocks_per_request - self.shared_blocks
+        return self.shared_blocks + self.num_requests * own
+
+    @property
+    def blocks_saved(self) -> int:
+        """``(N - 1) x shared blocks``: one copy is still needed."""
+        return self.blocks_without_sharing - self.blocks_with_sharing
+
+    @property
+    def prefill_tokens(self) -> int:
+        """Prompt tokens over the batch: ``N x prompt``."""
+        return self.num_requests * self.prompt_tokens
+
+    @property
+    def prefill_tokens_skipped(self) -> int:
+        """``(N - 1) x shared blocks x B``: tokens read from the cache, not recomputed."""
+        return (self.num_requests - 1) * self.shared_blocks * self.block_size
+
+    @property
+    def hit_rate(self) -> float:
+        """Share of prompt tokens served from the cache (vLLM's prefix cache hit rate)."""
+        return self.prefill_tokens_skipped / self.prefill_tokens
+
+
+def prefix_sharing(
+    num_requests: int, shared_prefix_tokens: int, unique_tokens: int, block_size: int = 16
+) -> PrefixSharing:
+    """``num_requests`` prompts of a shared prefix followed by ``unique_tokens`` of their own.
+
+    Only the prefix's full blocks are shared: with a 1,000-token system prompt
+    and 16-token blocks, 62 blocks (992 tokens) are shared and the last 8
+    prefix tokens are recomputed by every request, in a block of its own.
+    """
+    _check_positive("num_requests", num_requests)
+    _check_count("shared_prefix_tokens", shared_prefix_tokens)
+    _check_count("unique_tokens", unique_tokens)
+    _check_positive("block_size", block_size)
+    prompt = shared_prefix_tokens + unique_tokens
+    if prompt == 0:
+        raise ValueError("a prompt needs at least one token: shared prefix + unique tokens > 0")
+    shared = cacheable_blocks(shared_prefix_tokens, prompt, block_size)
+    return PrefixSharing(num_requests, prompt, shared, block_size)

@@ -1,0 +1,164 @@
+"""Parameter counts and weight bytes, from a config, before any byte is downloaded.
+
+Counts are sums over the weight tensors of :func:`kvlib.weights.layouts.weight_groups`
+(checked against the models transformers builds on the meta device). A family
+whose layout kvlib does not know gets no count: :func:`count_params` reports
+``None`` with the reason, and :func:`param_count` raises it.
+
+Weight bytes come two ways:
+
+- at a precision you choose: ``weight_bytes(cfg, "int4", group_size=128)`` is
+  ``P x bits / 8`` plus one scale per ``group_size`` weights when a group size
+  is given (2 bytes a parameter at bf16, 0.5 at int4);
+- as the checkpoint ships (``weight_dtype=None``): ``quantization_config``
+  first, then ``torch_dtype``. DeepSeek-V3's fp8 linear layers carry one fp32
+  scale per 128 x 128 block; gpt-oss's MXFP4 experts pack two 4-bit values a
+  byte with one 8-bit scale per 32 values; everything a format leaves alone
+  ships in ``torch_dtype``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from kvlib._validate import require_int
+from kvlib.config import ConfigError, ModelConfig
+from kvlib.dtypes import bytes_for, check_dtype
+from kvlib.weights.layouts import UnknownLayout, WeightGroup, weight_groups
+from kvlib.weights.quantized import ShippedWeights, shipped_bytes
+
+__all__ = [
+    "ParamCount",
+    "active_param_count",
+    "count_params",
+    "expert_weight_bytes",
+    "group_weight_bytes",
+    "param_count",
+    "unread_weight_bytes",
+    "shipped_weights",
+    "weight_bytes",
+]
+
+
+@dataclass(frozen=True)
+class ParamCount:
+    """Total and active parameters, or None for both with ``note`` saying why."""
+
+    total: int | None
+    active: int | None
+    note: str = ""
+
+
+def count_params(cfg: ModelConfig) -> ParamCount:
+    """:func:`param_count` and :func:`active_param_count`, or None with the reason."""
+    try:
+        return ParamCount(param_count(cfg), active_param_count(cfg))
+    except UnknownLayout as err:
+        return ParamCount(None, None, str(err))
+
+
+def param_count(cfg: ModelConfig) -> int:
+    """Every parameter a checkpoint holds: embeddings, layers, norms, LM head, towers."""
+    return sum(group.count for group in weight_groups(cfg))
+
+
+def active_param_count(cfg: ModelConfig) -> int:
+    """Parameters one text token is multiplied through: the FLOP-bearing weights.
+
+    A MoE layer counts only its ``num_experts_per_tok`` routed experts (plus
+    shared ones), and the input embedding is left out: it is a table lookup,
+    not a matrix product (the LM head is counted, tied or not); a vision tower
+    runs per image, not per token. Prefill costs about ``2 x active_param_count``
+    FLOPs per prompt token. This is the convention of OpenAI's gpt-oss model
+    card (gpt-oss-20b: 3.6B active of 21B); Mistral's "12.9B active" for
+    Mixtral also counts the embedding table.
+    """
+    text = [g for g in weight_groups(cfg) if g.part == "text"]
+    active = sum(g.active_count for g in text if g.role != "embedding")
+    if cfg.tie_word_embeddings:
+        active += (cfg.vocab_size or 0) * cfg.hidden_size  # the LM head multiplies by it
+    return active
+
+
+def weight_bytes(
+    cfg: ModelConfig,
+    weight_dtype: str | None = "bf16",
+    *,
+    group_size: int | None = None,
+    scale_dtype: str = "fp16",
+) -> int:
+    """Bytes of the weights: ``P x bits / 8`` (+ ``ceil(P / group_size)`` scales).
+
+    ``weight_dtype=None`` sizes the checkpoint as it ships (:func:`shipped_weights`).
+    An 8B model: 16 GB at bf16, about 4 GB at 4 bits, and 4 GB + 125 MB with an
+    fp16 scale per 128 weights.
+    """
+    if weight_dtype is None:
+        if group_size is not None:
+            raise ValueError("group_size applies to a chosen weight_dtype, not to as-shipped")
+        shipped = shipped_weights(cfg)
+        if shipped.bytes is None:
+            raise ConfigError(shipped.note)
+        return shipped.bytes
+    count = param_count(cfg)
+    total = bytes_for(count, weight_dtype)
+    if group_size is not None:
+        require_int(group_size, "group_size", 1)
+        total += bytes_for(-(-count // group_size), scale_dtype)
+    return total
+
+
+def shipped_weights(cfg: ModelConfig) -> ShippedWeights:
+    """Bytes of the weights as shipped: ``quantization_config`` first, then ``torch_dtype``.
+
+    Tensors a format does not quantize (embeddings, norms, routers, and the
+    modules listed in ``modules_to_not_convert``) are counted in ``torch_dtype``
+    (bf16 when the file gives none).
+    """
+    base = check_dtype(cfg.dtype or "bf16")
+    try:
+        groups = weight_groups(cfg)
+    except UnknownLayout as err:
+        return ShippedWeights(None, "unknown", str(err))
+    if cfg.quantization is None:
+        return ShippedWeights(bytes_for(sum(g.count for g in groups), base), base)
+    return shipped_bytes(groups, cfg.quantization, base)
+
+
+def group_weight_bytes(
+    cfg: ModelConfig, groups: Sequence[WeightGroup], weight_dtype: str | None
+) -> int:
+    """Bytes of some of a model's tensors, at ``weight_dtype`` or as shipped (None)."""
+    if weight_dtype is not None:
+        return bytes_for(sum(g.count for g in groups), weight_dtype)
+    base = check_dtype(cfg.dtype or "bf16")
+    if cfg.quantization is None:
+        return bytes_for(sum(g.count for g in groups), base)
+    shipped = shipped_bytes(groups, cfg.quantization, base)
+    if shipped.bytes is None:
+        raise ConfigError(shipped.note)
+    return shipped.bytes
+
+
+def expert_weight_bytes(cfg: ModelConfig, weight_dtype: str | None = "bf16") -> int:
+    """Bytes of the routed experts alone (0 for a dense model), at ``weight_dtype`` or as
+    shipped (None): the part of the weights a decode step reads only for the experts
+    its tokens are routed to."""
+    return group_weight_bytes(
+        cfg, [g for g in weight_groups(cfg) if g.copies_per_layer > 1], weight_dtype
+    )
+
+
+def unread_weight_bytes(cfg: ModelConfig, weight_dtype: str | None = "bf16") -> int:
+    """Bytes a text decode step does not read: the input (and position) embedding
+    tables, of which it looks up one row a token, unless the token table is also the LM
+    head (tied); and any vision tower, which runs once per image."""
+    groups = weight_groups(cfg)
+    unread = [g for g in groups if g.part == "vision" or g.role == "embedding"]
+    if cfg.tie_word_embeddings:
+        table = (cfg.vocab_size or 0, cfg.hidden_size)
+        tied = next((g for g in unread if g.role == "embedding" and g.shape == table), None)
+        if tied is not None:
+            unread.remove(tied)
+    return group_weight_bytes(cfg, unread, weight_dtype)

@@ -1,0 +1,198 @@
+"""Every graded assignment, through nbgrader: right answers score full, blanks and the
+classic mistakes score nothing, and each mistake gets the hint that names it.
+
+The assignments and their classic mistakes are listed in ``tests/assignments/``.
+Right answers are the solution cells of ``solutions/`` themselves, so each student
+(a different id, hence different numbers where a challenge draws them per student)
+runs the reference solution on their own numbers.
+"""
+
+from __future__ import annotations
+
+import ast
+import csv
+import importlib
+import pkgutil
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import nbformat
+import pytest
+
+import assignments
+from course.autograde import is_test_cell
+from course.scratch import make_course, run_nbgrader
+from kvlib.grading import HIDDEN_TEST_MODULES
+
+pytestmark = pytest.mark.notebooks
+
+ROOT = Path(__file__).resolve().parents[2]
+TIMEOUT_S = 20
+BEGIN, END = "### BEGIN SOLUTION", "### END SOLUTION"
+HIDDEN = re.compile(r"### BEGIN HIDDEN TESTS\n(.*?)### END HIDDEN TESTS", re.S)
+
+MODULES: dict[str, ModuleType] = {
+    info.name: importlib.import_module(f"assignments.{info.name}")
+    for info in pkgutil.iter_modules(assignments.__path__)
+}
+
+
+def _source(module: ModuleType) -> Path:
+    return ROOT / "solutions" / module.ASSIGNMENT / f"{module.NOTEBOOK}.ipynb"
+
+
+def _grade_id(cell: Any) -> str | None:
+    return cell.metadata.get("nbgrader", {}).get("grade_id")
+
+
+def _solution_answers(module: ModuleType) -> dict[str, str]:
+    """The solution cells' sources without the solution markers, by grade id."""
+    answers = {}
+    for cell in nbformat.read(_source(module), as_version=4).cells:
+        if cell.metadata.get("nbgrader", {}).get("solution"):
+            lines = [ln for ln in cell.source.splitlines() if ln.strip() not in (BEGIN, END)]
+            answers[str(_grade_id(cell))] = "\n".join(lines)
+    return answers
+
+
+def _submission(release: Path, answers: dict[str, str]) -> Any:
+    nb = nbformat.read(release, as_version=4)
+    for cell in nb.cells:
+        if _grade_id(cell) in answers:
+            cell.source = answers[str(_grade_id(cell))]
+    return nb
+
+
+@dataclass
+class Batch:
+    module: ModuleType
+    course: Path
+    tests: list[str]  # grade ids of the hidden tests
+    points: dict[str, float]
+
+    def graded(self, student: str) -> Any:
+        path = self.course / "autograded" / student / self.module.ASSIGNMENT
+        return nbformat.read(path / f"{self.module.NOTEBOOK}.ipynb", as_version=4)
+
+    def errors(self, student: str, grade_id: str) -> str:
+        for cell in self.graded(student).cells:
+            if _grade_id(cell) == grade_id:
+                return " ".join(
+                    str(o.get("evalue", "")) for o in cell.outputs if o.output_type == "error"
+                )
+        raise KeyError(grade_id)
+
+    def scores(self) -> dict[str, float]:
+        with open(self.course / "grades.csv", newline="") as f:
+            return {row["student_id"]: float(row["score"]) for row in csv.DictReader(f)}
+
+
+@pytest.fixture(scope="module", params=sorted(MODULES))
+def batch(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Batch:
+    module = MODULES[request.param]
+    assignment = module.ASSIGNMENT
+    course = make_course(
+        tmp_path_factory.mktemp(assignment), ROOT, [assignment], timeout_s=TIMEOUT_S
+    )
+    run_nbgrader(course, "generate_assignment", assignment, "--force")
+    release = course / "exercises" / assignment / f"{module.NOTEBOOK}.ipynb"
+    right = _solution_answers(module)
+    students = {"solution": right, "blank": {}}
+    for grade_id, (wrong, _) in module.WRONG.items():
+        students[f"wrong-{grade_id}"] = {**right, f"answer_{grade_id}": wrong}
+    for student, answers in students.items():
+        path = course / "submitted" / student / assignment / f"{module.NOTEBOOK}.ipynb"
+        path.parent.mkdir(parents=True)
+        nbformat.write(_submission(release, answers), path)
+    run_nbgrader(course, "autograde", assignment)
+    run_nbgrader(course, "export")
+    source = nbformat.read(_source(module), as_version=4)
+    tests = [str(_grade_id(c)) for c in source.cells if is_test_cell(c)]
+    points = {str(_grade_id(c)): float(c.metadata["nbgrader"]["points"]) for c in source.cells
+              if is_test_cell(c)}
+    return Batch(module, course, tests, points)
+
+
+def test_solution_scores_full_and_silently(batch: Batch) -> None:
+    assert batch.scores()["solution"] == sum(batch.points.values())
+    for cell in batch.graded("solution").cells:
+        if cell.cell_type == "code":
+            errors = [o for o in cell.outputs if o.output_type == "error"]
+            assert errors == [], f"{_grade_id(cell)}: {errors}"
+
+
+def test_blank_scores_zero_and_says_what_is_missing(batch: Batch) -> None:
+    assert batch.scores()["blank"] == 0
+    for grade_id in batch.tests:
+        assert "is not defined" in batch.errors("blank", grade_id), grade_id
+
+
+def test_each_classic_mistake_is_named(batch: Batch) -> None:
+    assert set(batch.module.WRONG) == set(batch.tests), "one classic mistake per challenge"
+    scores = batch.scores()
+    for grade_id, (_, phrase) in batch.module.WRONG.items():
+        student = f"wrong-{grade_id}"
+        assert phrase in batch.errors(student, grade_id), f"{grade_id}: hint lacks {phrase!r}"
+        others = sum(p for g, p in batch.points.items() if g != grade_id)
+        assert scores[student] == others, f"{student}: only {grade_id} should be lost"
+
+
+@pytest.mark.parametrize("name", sorted(MODULES))
+def test_at_least_three_challenges(name: str) -> None:
+    source = nbformat.read(_source(MODULES[name]), as_version=4)
+    assert sum(is_test_cell(c) for c in source.cells) >= 3
+
+
+@pytest.mark.parametrize("name", sorted(MODULES))
+def test_hidden_tests_import_only_light_modules(name: str) -> None:
+    """Hidden tests run in the grader's process: only stdlib-only kvlib modules."""
+    for cell in nbformat.read(_source(MODULES[name]), as_version=4).cells:
+        for block in HIDDEN.findall(cell.source):
+            for node in ast.walk(ast.parse(block)):
+                if isinstance(node, ast.Import):
+                    imported = [alias.name for alias in node.names]
+                elif isinstance(node, ast.ImportFrom):
+                    imported = [node.module or ""]
+                else:
+                    continue
+                for module in imported:
+                    top = module.split(".")[0]
+                    assert top != "kvlib" or module in HIDDEN_TEST_MODULES, (
+                        f"{_grade_id(cell)} imports {module}: hidden tests may import "
+                        f"{', '.join(HIDDEN_TEST_MODULES)}"
+                    )
+                    assert top == "kvlib" or top in {"math", "fractions"}, (
+                        f"{_grade_id(cell)} imports {module}"
+                    )
+
+
+def _numbers_calls(source: str) -> list[str]:
+    calls = []
+    for node in ast.walk(ast.parse(source)):
+        if (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Name | ast.Attribute)
+            and (getattr(node.func, "id", None) or getattr(node.func, "attr", None)) == "numbers"
+        ):
+            calls.append(ast.dump(node))
+    return calls
+
+
+@pytest.mark.parametrize("name", sorted(MODULES))
+def test_hidden_tests_draw_the_numbers_the_prompt_shows(name: str) -> None:
+    """A hidden test that draws per-student numbers makes the same call as a visible cell."""
+    visible: set[str] = set()
+    hidden: list[tuple[str, str]] = []
+    for cell in nbformat.read(_source(MODULES[name]), as_version=4).cells:
+        if cell.cell_type != "code":
+            continue
+        blocks = HIDDEN.findall(cell.source)
+        if blocks:
+            hidden += [(str(_grade_id(cell)), call) for b in blocks for call in _numbers_calls(b)]
+        elif not cell.metadata.get("nbgrader", {}).get("solution"):
+            visible.update(_numbers_calls(cell.source))
+    for grade_id, call in hidden:
+        assert call in visible, f"{grade_id}: its numbers() call differs from the prompt's"

@@ -1,0 +1,131 @@
+"""course.limits: rlimits in the sandbox, and a watchdog for what rlimits cannot see."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from course.limits import LAUNCHER, Limits, launcher_argv, sandbox_usage
+from course.mounts import system_argv
+from course.sandbox import SandboxedKernelManager
+
+MiB = 2**20
+
+
+class TestLimits:
+    def test_defaults(self) -> None:
+        limits = Limits()
+        assert limits.memory_bytes == 2 * 1024**3 and limits.processes == 64
+        assert limits.rlimits()["RLIMIT_CORE"] == 0
+
+    @pytest.mark.parametrize(
+        "field", ["memory_bytes", "processes", "output_bytes", "file_bytes", "scratch_bytes"]
+    )
+    @pytest.mark.parametrize("value", [0, -1, 1.5, True])
+    def test_bad_values_name_the_field(self, field: str, value: object) -> None:
+        with pytest.raises(ValueError, match=field):
+            Limits(**{field: value})  # type: ignore[arg-type]
+
+    def test_too_few_processes_for_a_kernel(self) -> None:
+        with pytest.raises(ValueError, match="processes"):
+            Limits(processes=4)
+
+    def test_launcher_applies_limits_then_runs_the_command(self) -> None:
+        """The launcher alone (no sandbox): limits set, stdout to /dev/null, command run."""
+        probe = (
+            "import resource as r, sys; open(sys.argv[1], 'w').write(str("
+            "[r.getrlimit(r.RLIMIT_AS)[0], r.getrlimit(r.RLIMIT_NOFILE)[0]]))"
+        )
+        with tempfile.TemporaryDirectory() as tmp:
+            out = Path(tmp, "out")
+            argv = launcher_argv(Limits(memory_bytes=512 * MiB), [sys.executable, "-c", probe,
+                                                                  str(out)], None)  # fmt: skip
+            result = subprocess.run(argv, capture_output=True, text=True, timeout=30)
+            assert result.returncode == 0 and result.stdout == ""
+            assert json.loads(out.read_text()) == [512 * MiB, 1024]
+
+
+def _run_kernel(code: str, limits: dict[str, int], wait_s: float = 20) -> tuple[str, bool]:
+    """Run ``code`` in a sandboxed kernel; (the watchdog's reason, whether the kernel died)."""
+
+    async def main() -> tuple[str, bool]:
+        km = SandboxedKernelManager(kernel_name="python3", mode="require", **limits)
+        await km.start_kernel(cwd=tempfile.mkdtemp())
+        kc = km.client()
+        kc.start_channels()
+        try:
+            await kc.wait_for_ready(timeout=60)
+            kc.execute(code)
+            for _ in range(int(wait_s * 10)):
+                if not await km.is_alive():
+                    break
+                await asyncio.sleep(0.1)
+            return km.limit_reason, not await km.is_alive()
+        finally:
+            kc.stop_channels()
+            await km.shutdown_kernel(now=True)
+
+    return asyncio.run(main())
+
+
+def test_watchdog_stops_memory_spread_over_processes() -> None:
+    """Each child stays under the per-process limit; together they pass the sandbox's."""
+    code = (
+        "import os, time\nfor i in range(6):\n    if os.fork() == 0:\n"
+        "        b = b'x' * (120 * 2**20)\n        time.sleep(60)\n        os._exit(0)\n"
+        "time.sleep(60)"
+    )
+    reason, died = _run_kernel(code, {"memory_bytes": 400 * MiB})
+    assert died and reason == "used more than 400 MiB of memory"
+
+
+def test_watchdog_stops_a_fork_bomb() -> None:
+    code = "import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass"
+    reason, died = _run_kernel(code, {"max_processes": 32})
+    assert died and reason == "ran 32 or more processes and threads at once"
+
+
+def test_quiet_kernel_is_left_alone() -> None:
+    reason, died = _run_kernel("x = [0] * 10**6", {"memory_bytes": 400 * MiB}, wait_s=1.5)
+    assert (reason, died) == ("", False)
+
+
+def test_usage_of_an_empty_namespace_is_zero() -> None:
+    assert sandbox_usage("pid:[0]").tasks == 0
+
+
+@pytest.mark.skipif(
+    os.geteuid() != 0 or shutil.which("setpriv") is None,
+    reason="needs root to try the unprivileged sandbox as another user",
+)
+def test_unprivileged_sandbox_counts_its_own_processes() -> None:
+    """Graded by a non-root user, the task limit counts the sandbox's user namespace only:
+    the user's other processes neither use it up nor are limited by it."""
+    uid = 2_000_000_000 + os.getpid() % 1000  # below 2^31: bubblewrap prints uid maps signed
+    bomb = (
+        "import os, time\nn = 0\ntry:\n    while n < 200:\n        if os.fork() == 0:\n"
+        "            time.sleep(5); os._exit(0)\n        n += 1\nexcept OSError:\n    pass\n"
+        "print(n, open('/proc/self/status').read().split('CapEff:')[1].split()[0])"
+    )
+    spec = {"rlimits": Limits(processes=24).rlimits(), "uid": None,
+            "argv": ["/usr/bin/python3", "-c", bomb]}  # fmt: skip
+    # The launcher's stdout goes to /dev/null: run the bomb's own print through a file.
+    script = LAUNCHER.replace("for fd in (0, 1, 2):\n    os.dup2(null, fd)\n", "")
+    argv = ["bwrap", *system_argv(unprivileged=True), "--proc", "/proc", "--dev", "/dev",
+            "--", "/usr/bin/python3", "-I", "-S", "-c", script, json.dumps(spec)]  # fmt: skip
+    setpriv = ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups"]
+    out = subprocess.run(setpriv + argv, capture_output=True, text=True, timeout=60)
+    forks, caps = out.stdout.split()
+    assert 15 <= int(forks) < 24 and caps == "0000000000000000", out.stderr
+    nested = subprocess.run(setpriv + ["bwrap", *system_argv(unprivileged=True), "--proc",
+                                       "/proc", "--dev", "/dev", "unshare", "-U", "true"],
+                            capture_output=True, timeout=60)  # fmt: skip
+    assert nested.returncode != 0  # no user namespace inside: no way to gain capabilities

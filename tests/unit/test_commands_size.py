@@ -1,0 +1,193 @@
+"""kvlib size: the numbers it prints, the JSON of its report, and one-line errors."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from kvlib import bounds, sizing
+from kvlib.cli import main
+from kvlib.commands.size import SizeReport
+from kvlib.config import load_config
+from kvlib.hardware import get_gpu
+from kvlib.units import GiB
+from kvlib.weights import params
+
+
+def run_json(capsys: pytest.CaptureFixture[str], *args: str) -> dict[str, Any]:
+    assert main(["size", *args, "--json"]) == 0
+    report: dict[str, Any] = json.loads(capsys.readouterr().out)
+    return report
+
+
+def test_json_is_the_report_fields(capsys: pytest.CaptureFixture[str]) -> None:
+    report = run_json(capsys, "Gemma-2-9B", "--context", "8192", "--kv-dtype", "fp8")
+    assert set(report) == {f.name for f in dataclasses.fields(SizeReport)}
+    cfg = load_config("Gemma-2-9B")
+    assert report["kv_bytes_per_token"] == sizing.kv_bytes_per_token(cfg, "fp8")
+    assert report["kv_bytes"] == sizing.kv_bytes(cfg, 8192, "fp8")
+    assert isinstance(report["kv_bytes"], int)
+    assert report["weight_bytes"] == params.weight_bytes(cfg, None)
+    assert report["seats"] is None and report["gpu"] is None
+
+
+def test_seats_on_a_gpu(capsys: pytest.CaptureFixture[str]) -> None:
+    report = run_json(capsys, "Llama-3.1-8B", "--gpu", "H100-SXM", "--context", "32768")
+    cfg = load_config("Llama-3.1-8B")
+    h100 = get_gpu("H100-SXM")
+    assert report["gpu_memory_bytes"] == h100.memory_bytes == 81_559 * 2**20
+    free = int(h100.memory_bytes * 0.9) - params.weight_bytes(cfg)
+    assert report["free_kv_bytes_per_gpu"] == free
+    assert report["seats"] == free // sizing.kv_bytes(cfg, 32768)
+    assert report["fits"] is True
+    step = params.weight_bytes(cfg) - params.unread_weight_bytes(cfg) + sizing.kv_bytes(cfg, 32768)
+    assert report["decode_tokens_per_s_bound"] == pytest.approx(3.35e12 / step)
+
+
+def test_weights_ship_as_their_quantization_config_says(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    shipped = run_json(capsys, "gpt-oss-20b")
+    assert shipped["weight_dtype"] == "auto" and shipped["weight_format"] == "mxfp4"
+    assert round(shipped["weight_bytes"] / GiB, 1) == 12.8
+    forced = run_json(capsys, "gpt-oss-20b", "--weight-dtype", "bf16")
+    assert forced["weight_bytes"] == 2 * forced["param_count"]
+
+
+def test_tensor_parallel_deployment(capsys: pytest.CaptureFixture[str]) -> None:
+    report = run_json(capsys, "Llama-3.1-70B", "--gpu", "H200", "--tp", "2", "--context", "8192")
+    cfg = load_config("Llama-3.1-70B")
+    assert report["kv_bytes_per_gpu"] == bounds.kv_bytes_per_gpu(cfg, 8192, tp=2)
+    assert report["weight_bytes_per_gpu"] == -(-params.weight_bytes(cfg) // 2)
+    assert report["min_gpus"] == 2 and report["valid_tp_degrees"] == [1, 2, 4, 8]
+
+
+def test_kv_memory_reproduces_the_brief(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], brief_config: dict[str, object]
+) -> None:
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps(brief_config))
+    report = run_json(capsys, str(config), "--kv-memory", "9 GiB")
+    assert report["kv_bytes_per_token"] == 163_840
+    assert report["seats"] == 14
+
+
+def test_weights_that_do_not_fit(capsys: pytest.CaptureFixture[str]) -> None:
+    report = run_json(capsys, "Llama-3.1-70B", "--gpu", "L4")
+    assert report["fits"] is False and report["seats"] == 0
+    assert report["decode_tokens_per_s_bound"] is None
+
+
+def test_unknown_parameter_layout_is_null_with_a_reason(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = tmp_path / "config.json"
+    config.write_text(
+        json.dumps(
+            {"model_type": "cohere2", "hidden_size": 4096, "num_hidden_layers": 32,
+             "num_attention_heads": 32, "num_key_value_heads": 8, "vocab_size": 256000,
+             "sliding_window": 4096}
+        )
+    )  # fmt: skip
+    report = run_json(capsys, str(config), "--gpu", "H100-SXM")
+    assert report["param_count"] is None and "cohere2" in report["param_count_note"]
+    assert report["weight_bytes"] is None and report["seats"] is None
+    assert report["kv_bytes_per_token"] == 32 * 2 * 8 * 128 * 2
+    assert main(["size", str(config)]) == 0
+    assert "unknown" in capsys.readouterr().out
+
+
+def test_v32_fp8_layout_is_stated(capsys: pytest.CaptureFixture[str]) -> None:
+    raw = json.loads(Path(sizing.__file__).parent.joinpath(
+        "data/configs/DeepSeek-V3.json").read_text())  # fmt: skip
+    v32 = {**raw, "model_type": "deepseek_v32", "index_head_dim": 128, "index_n_heads": 64,
+           "index_topk": 2048}  # fmt: skip
+    cfg = load_config(v32)
+    assert sizing.kv_bytes_per_token(cfg, "fp8") == 61 * (656 + 132)
+    assert any("656" in n for n in cfg.layers[0].layout_note("fp8").split("\n"))  # type: ignore[union-attr]
+
+
+def test_human_table(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["size", "Llama-3.1-8B", "--gpu", "H100-SXM"]) == 0
+    out = capsys.readouterr().out
+    assert "128 KiB" in out and "512 MiB" in out and "seats at 4,096 tokens" in out
+    assert "79.65 GiB" in out and "(driver)" in out
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["no-such-model"], "bundled"),
+        (["Llama-3.1-8B", "--kv-dtype", "fp9"], "--kv-dtype"),
+        (["Llama-3.1-8B", "--weight-dtype", "fp9"], "--weight-dtype"),
+        (["Llama-3.1-8B", "--context", "0"], "--context"),
+        (["Llama-3.1-8B", "--batch", "0"], "--batch"),
+        (["Llama-3.1-8B", "--gpu", "V100"], "V100"),
+        (["Falcon-7B", "--gpu", "L4", "--tp", "2"], "tp=2"),
+        (["Llama-3.1-8B", "--kv-memory", "nine gigs"], "--kv-memory"),
+        (["Llama-3.1-8B", "--gpu", "H100", "--gpu-memory-utilization", "1.5"], "utilization"),
+    ],
+)
+def test_bad_input_is_one_line(args: list[str], needle: str) -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "kvlib", "size", *args], capture_output=True, text=True
+    )
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and needle in lines[0] and "Traceback" not in result.stderr
+
+
+def test_a_programming_error_is_not_reported_as_bad_input(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Only ConfigError and UsageError become one-line errors; a bug stays a bug."""
+
+    def broken(*args: object, **kwargs: object) -> int:
+        raise KeyError("internal")
+
+    monkeypatch.setattr(sizing, "kv_bytes_per_token", broken)
+    with pytest.raises(KeyError, match="internal"):
+        main(["size", "Llama-3.1-8B"])
+
+
+def test_pool_is_what_vllm_would_log(capsys: pytest.CaptureFixture[str]) -> None:
+    """The pool fields follow kvlib.paging.vllm_pool, checked against vLLM's start-up lines."""
+    from kvlib.paging import vllm_pool
+
+    report = run_json(capsys, "Llama-3.1-8B", "--gpu", "L4", "--context", "32768")
+    cfg = load_config("Llama-3.1-8B")
+    pool = vllm_pool.kv_pool(cfg, report["free_kv_bytes_per_gpu"], max_model_len=32768)
+    assert report["block_size"] == 16
+    assert report["page_bytes"] == 32 * 2 * 16 * 8 * 128 * 2
+    assert report["pool_blocks"] == report["free_kv_bytes_per_gpu"] // report["page_bytes"]
+    assert report["pool_tokens"] == pool.pool_tokens == 16 * report["pool_blocks"]
+    assert report["blocks_per_sequence"] == 32768 // 16
+    assert report["max_concurrency"] == pytest.approx(report["pool_blocks"] / 2048)
+    assert any("GPU KV cache size: " in note for note in report["notes"])
+    small = run_json(capsys, "Llama-3.1-8B", "--block-size", "32")
+    assert small["page_bytes"] == 2 * report["page_bytes"] and small["pool_blocks"] is None
+
+
+def test_linear_attention_pool_is_not_modelled_and_says_so(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = tmp_path / "config.json"
+    config.write_text(
+        json.dumps(
+            {"model_type": "qwen3_next", "hidden_size": 256, "num_hidden_layers": 4,
+             "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 64,
+             "vocab_size": 1000, "linear_conv_kernel_dim": 4, "linear_key_head_dim": 32,
+             "linear_value_head_dim": 32, "linear_num_key_heads": 2,
+             "linear_num_value_heads": 4, "num_experts": 4, "num_experts_per_tok": 2,
+             "moe_intermediate_size": 64}
+        )
+    )  # fmt: skip
+    report = run_json(capsys, str(config), "--kv-memory", "1 GiB")
+    assert report["page_bytes"] is None and report["seats"] is not None
+    assert any("linear attention" in note for note in report["notes"])

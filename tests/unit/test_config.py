@@ -1,0 +1,341 @@
+"""kvlib.config: every architecture's fields read the way transformers reads them."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from kvlib import sizing
+from kvlib.config import ConfigError, bundled_models, load_config
+from kvlib.weights import params
+
+ROOT = Path(__file__).resolve().parents[2]
+
+LLAMA_8B = {
+    "model_type": "llama",
+    "num_hidden_layers": 32,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 8,
+    "hidden_size": 4096,
+    "vocab_size": 128256,
+    "intermediate_size": 14336,
+}
+
+
+def test_every_reference_config_is_bundled() -> None:
+    assert len(bundled_models()) >= 10
+    for name in bundled_models():
+        data = json.loads((ROOT / "kvlib/data/configs" / f"{name}.json").read_text())
+        assert data["_source"], name
+
+
+@pytest.mark.parametrize(
+    ("name", "kind", "layers", "kv_heads", "head_dim", "sliding"),
+    [
+        ("Llama-3.1-8B", "GQA", 32, 8, 128, 0),
+        ("Llama-3.1-70B", "GQA", 80, 8, 128, 0),
+        ("Falcon-7B", "MQA", 32, 1, 64, 0),  # multi_query: one KV head, 4544 / 71 = 64
+        ("GPT-2", "MHA", 12, 12, 64, 0),  # n_layer, n_head, n_embd spellings
+        ("Gemma-2-9B", "GQA", 42, 8, 256, 21),  # explicit head_dim 256 != 3584 / 16
+        ("gpt-oss-20b", "GQA", 24, 8, 64, 12),  # layer_types
+        ("Mistral-7B-v0.1", "GQA", 32, 8, 128, 32),  # a window and nothing else: all slide
+        ("Mixtral-8x7B", "GQA", 32, 8, 128, 0),  # sliding_window null
+        ("Qwen3-8B", "GQA", 36, 8, 128, 0),  # use_sliding_window false
+        ("DeepSeek-V3", "MLA", 61, 128, 192, 0),
+    ],
+)
+def test_bundled_shapes(
+    name: str, kind: str, layers: int, kv_heads: int, head_dim: int, sliding: int
+) -> None:
+    cfg = load_config(name)
+    assert cfg.attention_type == kind
+    assert cfg.num_hidden_layers == layers == len(cfg.layer_kinds)
+    assert cfg.num_key_value_heads == kv_heads
+    assert cfg.head_dim == head_dim
+    assert cfg.num_sliding_layers == sliding
+
+
+def test_gemma2_alternates_starting_with_a_sliding_layer() -> None:
+    kinds = load_config("Gemma-2-9B").layer_kinds
+    assert kinds[:4] == ("sliding", "full", "sliding", "full")
+
+
+def test_mla_is_recognised_from_fields_not_model_type() -> None:
+    data = json.loads((ROOT / "kvlib/data/configs/DeepSeek-V3.json").read_text())
+    data["model_type"] = "kimi_k2"  # unknown to transformers 5.23
+    cfg = load_config(data)
+    assert cfg.mla is not None and cfg.mla.latent_dim == 576
+    assert set(cfg.layer_kinds) == {"mla"}
+
+
+def test_nested_text_config_with_transformers_defaults() -> None:
+    # google/gemma-3-4b-it's config.json: the text_config omits heads and head_dim,
+    # which Gemma3TextConfig fills in (8 heads, 4 KV heads, head_dim 256).
+    cfg = load_config(
+        {
+            "model_type": "gemma3",
+            "text_config": {
+                "model_type": "gemma3_text",
+                "hidden_size": 2560,
+                "intermediate_size": 10240,
+                "num_hidden_layers": 34,
+                "sliding_window": 1024,
+            },
+        }
+    )
+    assert (cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim) == (8, 4, 256)
+    assert cfg.sliding_window == 1024
+    # Five sliding layers, then one full one (sliding_window_pattern 6).
+    assert cfg.layer_kinds[:6] == ("sliding",) * 5 + ("full",)
+    assert cfg.num_full_layers == 5
+
+
+def test_qwen2_sliding_layers_start_at_max_window_layers() -> None:
+    cfg = load_config(
+        {
+            **LLAMA_8B,
+            "model_type": "qwen2",
+            "use_sliding_window": True,
+            "sliding_window": 4096,
+            "max_window_layers": 28,
+        }
+    )
+    assert cfg.layer_kinds == ("full",) * 28 + ("sliding",) * 4
+
+
+@pytest.mark.parametrize(
+    "off",
+    [
+        {"sliding_window": None},
+        {"sliding_window": 0},
+        {"use_sliding_window": False, "sliding_window": 4096},
+    ],
+)
+def test_disabled_window_means_full_attention(off: dict[str, Any]) -> None:
+    cfg = load_config({**LLAMA_8B, "model_type": "mistral", **off})
+    assert cfg.sliding_window is None and set(cfg.layer_kinds) == {"full"}
+
+
+def test_missing_kv_heads_default_to_attention_heads() -> None:
+    data = {k: v for k, v in LLAMA_8B.items() if k != "num_key_value_heads"}
+    assert load_config(data).num_key_value_heads == 32
+
+
+def test_explicit_head_dim_wins() -> None:
+    assert load_config({**LLAMA_8B, "head_dim": 96}).head_dim == 96
+
+
+@pytest.mark.parametrize(
+    ("change", "field"),
+    [
+        ({"num_key_value_heads": 5}, "num_key_value_heads"),
+        ({"num_key_value_heads": 64}, "num_key_value_heads"),
+        ({"num_hidden_layers": 0}, "num_hidden_layers"),
+        ({"num_hidden_layers": "32"}, "num_hidden_layers"),
+        ({"num_hidden_layers": True}, "num_hidden_layers"),
+        ({"hidden_size": 4000, "num_attention_heads": 48, "num_key_value_heads": 8}, "head_dim"),
+        ({"layer_types": ["full_attention"] * 3}, "layer_types"),
+        ({"layer_types": ["sliding_attention"] * 32}, "sliding_window"),
+        ({"layer_types": ["mamba"] * 32}, "layer_types"),
+        ({"sliding_window": 4096, "sliding_window_size": 2048}, "sliding_window"),
+        ({"text_config": [1, 2]}, "text_config"),
+    ],
+)
+def test_bad_fields_name_the_field(change: dict[str, Any], field: str) -> None:
+    with pytest.raises(ConfigError, match=field):
+        load_config({**LLAMA_8B, **change})
+
+
+def test_missing_required_field() -> None:
+    data = {k: v for k, v in LLAMA_8B.items() if k != "num_hidden_layers"}
+    data["model_type"] = "not-a-transformers-model"
+    with pytest.raises(ConfigError, match="num_hidden_layers"):
+        load_config(data)
+
+
+def test_load_from_path_and_directory(tmp_path: Path) -> None:
+    (tmp_path / "config.json").write_text(json.dumps(LLAMA_8B))
+    assert load_config(tmp_path).num_key_value_heads == 8
+    assert load_config(tmp_path / "config.json").name == tmp_path.name
+
+
+def test_unreadable_files_give_config_errors(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.json"
+    bad.write_text("{not json")
+    with pytest.raises(ConfigError, match="not valid JSON"):
+        load_config(bad)
+    bad.write_text("[1, 2]")
+    with pytest.raises(ConfigError, match="JSON object"):
+        load_config(bad)
+    with pytest.raises(ConfigError, match="bundled"):
+        load_config(tmp_path / "missing.json")
+
+
+_json_values = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers(-10, 10**6)
+    | st.floats(allow_nan=True)
+    | st.text(max_size=5),
+    lambda inner: (
+        st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4)
+    ),
+    max_leaves=12,
+)
+_KEYS = list(LLAMA_8B) + [
+    "head_dim",
+    "sliding_window",
+    "layer_types",
+    "use_sliding_window",
+    "max_window_layers",
+    "multi_query",
+    "kv_lora_rank",
+    "qk_rope_head_dim",
+    "text_config",
+    "sliding_window_pattern",
+    "num_kv_shared_layers",
+    "attention_chunk_size",
+    "no_rope_layers",
+    "linear_attn_config",
+    "per_layer_config",
+    "global_head_dim",
+    "use_bidirectional_attention",
+    "full_attention_interval",
+    "index_head_dim",
+    "linear_num_value_heads",
+    "quantization_config",
+    "num_local_experts",
+    "n_routed_experts",
+    "num_experts_per_tok",
+    "moe_intermediate_size",
+    "first_k_dense_replace",
+    "mlp_only_layers",
+    "decoder_sparse_step",
+    "vision_config",
+    "tie_word_embeddings",
+]
+_FAMILIES = [
+    "llama",
+    "gemma2",
+    "gemma3",
+    "gemma3n_text",
+    "gemma4_text",
+    "llama4_text",
+    "qwen2",
+    "qwen3_next",
+    "kimi_linear",
+    "deepseek_v32",
+    "falcon",
+    "gpt2",
+    "phi3",
+]
+
+
+@settings(max_examples=300, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    st.dictionaries(st.sampled_from(_KEYS), _json_values, max_size=8),
+    st.booleans(),
+    st.sampled_from(_FAMILIES),
+)
+def test_malformed_configs_raise_only_config_error(
+    changes: dict[str, Any], drop: bool, family: str
+) -> None:
+    base = {"model_type": family} if drop else {**LLAMA_8B, "model_type": family}
+    try:
+        cfg = load_config({**base, **changes})
+    except ConfigError:
+        return
+    assert len(cfg.layer_kinds) == cfg.num_hidden_layers
+    assert cfg.num_attention_heads % cfg.num_key_value_heads == 0
+    # Whatever parsed must size without error, and count its weights or say why not.
+    assert sizing.kv_bytes(cfg, 4096) >= 0
+    try:
+        count = params.count_params(cfg)
+    except ConfigError:
+        return
+    assert (count.total is None) == bool(count.note)
+    shipped = params.shipped_weights(cfg)
+    assert (shipped.bytes is None) == bool(shipped.note)
+
+
+@pytest.mark.reference
+def test_bundled_transformers_defaults_are_current() -> None:
+    script = ROOT / "scripts" / "gen_config_defaults.py"
+    result = subprocess.run(
+        [sys.executable, str(script), "--check"], capture_output=True, text=True
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_one_family_table_for_wrapper_names() -> None:
+    """A flat config naming the wrapper family gets the text model's rules and defaults."""
+    flat = load_config({"model_type": "gemma3", "hidden_size": 2560, "num_hidden_layers": 12,
+                        "sliding_window": 1024})  # fmt: skip
+    nested = load_config({"model_type": "gemma3", "text_config": {
+        "hidden_size": 2560, "num_hidden_layers": 12, "sliding_window": 1024}})  # fmt: skip
+    assert flat.model_type == nested.model_type == "gemma3_text"
+    assert flat.layers == nested.layers
+    assert (flat.num_attention_heads, flat.num_key_value_heads, flat.head_dim) == (8, 4, 256)
+
+
+def test_moe_is_a_typed_sub_config() -> None:
+    deepseek = load_config("DeepSeek-V3")
+    assert deepseek.moe is not None
+    assert (deepseek.moe.num_experts, deepseek.moe.experts_per_token) == (256, 8)
+    assert deepseek.moe.shared_width == 2048  # one shared expert of 2048
+    assert [deepseek.moe.is_moe_layer(i) for i in range(4)] == [False, False, False, True]
+    assert load_config("Llama-3.1-8B").moe is None
+    qwen = load_config({**LLAMA_8B, "model_type": "qwen3_moe", "num_experts": 8,
+                        "num_experts_per_tok": 2, "moe_intermediate_size": 64,
+                        "decoder_sparse_step": 2, "mlp_only_layers": [3]})  # fmt: skip
+    assert qwen.moe is not None
+    assert [qwen.moe.is_moe_layer(i) for i in range(6)] == [False, True, False, False,
+                                                             False, True]  # fmt: skip
+
+
+def test_quantization_config_is_read() -> None:
+    deepseek = load_config("DeepSeek-V3").quantization
+    assert deepseek is not None and deepseek.method == "fp8"
+    assert deepseek.block_shape == (128, 128)
+    oss = load_config("gpt-oss-20b").quantization
+    assert oss is not None and oss.method == "mxfp4"
+    assert "lm_head" in oss.modules_to_not_convert
+
+
+@pytest.mark.parametrize(
+    ("quantization", "field"),
+    [
+        ({"bits": 4}, "quant_method"),
+        ({"quant_method": "fp8", "weight_block_size": [128]}, "weight_block_size"),
+        ({"quant_method": "fp8", "modules_to_not_convert": "lm_head"}, "modules_to_not_convert"),
+    ],
+)
+def test_bad_quantization_config_names_the_field(quantization: object, field: str) -> None:
+    with pytest.raises(ConfigError, match=field):
+        load_config({**LLAMA_8B, "quantization_config": quantization})
+
+
+def test_experts_per_token_must_fit_the_experts() -> None:
+    with pytest.raises(ConfigError, match="num_experts_per_tok"):
+        load_config({**LLAMA_8B, "num_local_experts": 4, "num_experts_per_tok": 8})
+
+
+def test_vision_tower_is_read() -> None:
+    cfg = load_config({"model_type": "gemma3", "text_config": {"hidden_size": 256,
+        "num_hidden_layers": 2, "sliding_window": 16},
+        "vision_config": {"model_type": "siglip_vision_model", "hidden_size": 64,
+                          "vision_use_head": False}})  # fmt: skip
+    assert cfg.vision is not None and cfg.vision.model_type == "siglip_vision_model"
+    assert not cfg.vision.vision_use_head and load_config("Llama-3.1-8B").vision is None
+
+
+def test_a_one_token_window_is_refused() -> None:
+    with pytest.raises(ConfigError, match="sliding_window"):
+        load_config({**LLAMA_8B, "model_type": "mistral", "sliding_window": 1})

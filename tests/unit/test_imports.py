@@ -1,0 +1,210 @@
+"""kvlib's import rules (DESIGN §3), each module imported alone in a fresh interpreter.
+
+- The arithmetic the book, the grader and the calculator share imports the standard
+  library only; numpy (and SimPy) only under ``kvlib.serving``; torch only under
+  ``kvlib.nn``, ``kvlib.engine.core`` and inside ``kvlib.timing``'s functions; redis only
+  in ``kvlib.serving.ratelimit``; nbgrader, nbconvert, jupyter_client and dask never
+  (they run the course, in the top-level ``course`` package).
+- Imports point down the layers below, and no module imports another's private names.
+- Every module declares ``__all__`` and every name in it exists.
+"""
+
+from __future__ import annotations
+
+import ast
+import functools
+import importlib
+import json
+import pkgutil
+import subprocess
+import sys
+import sysconfig
+from pathlib import Path
+
+import pytest
+
+import kvlib
+
+ROOT = Path(kvlib.__file__).resolve().parent
+# kvlib.__main__ runs the command line when imported: it is checked by its source only.
+MODULES = sorted(
+    info.name
+    for info in pkgutil.walk_packages(kvlib.__path__, prefix="kvlib.")
+    if info.name != "kvlib.__main__"
+) + ["kvlib"]
+
+# Third-party top-level packages a module may bring in when imported (prefix match).
+# Nothing under kvlib may bring in nbgrader, nbconvert, jupyter_client or dask: the
+# course's machinery lives in the top-level ``course`` package.
+ALLOWED = {
+    "kvlib.serving": {"numpy", "simpy"},
+    "kvlib.serving.ratelimit": {"numpy", "simpy", "redis"},
+    "kvlib.nn": {"torch", "numpy"},
+    "kvlib.engine.core": {"torch", "numpy"},
+}
+
+# Layers, lowest first: a module may import from its own layer or below.
+LAYERS = [
+    ("kvlib._validate", "kvlib.units", "kvlib.dtypes"),
+    ("kvlib.hardware",),
+    ("kvlib.specs",),
+    ("kvlib.config",),
+    ("kvlib.sizing",),
+    ("kvlib.weights",),
+    ("kvlib.bounds",),
+    ("kvlib.paging", "kvlib.mla", "kvlib.timing.roofline"),
+    ("kvlib.capacity",),
+    ("kvlib.serving",),
+    ("kvlib.nn",),
+    ("kvlib.timing",),
+    ("kvlib.engine",),
+    ("kvlib.grading",),
+    ("kvlib.commands", "kvlib.cli", "kvlib.__main__"),
+]
+
+_PROBE = """
+import importlib, json, sys, sysconfig
+before = set(sys.modules)
+importlib.import_module(sys.argv[1])
+paths = {sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]}
+third = set()
+for name in set(sys.modules) - before:
+    module = sys.modules[name]
+    origin = getattr(module, "__file__", None) or ""
+    top = name.split(".")[0]
+    if top != "kvlib" and any(origin.startswith(p) for p in paths):
+        third.add(top)
+print(json.dumps(sorted(third)))
+"""
+
+
+def _layer(module: str) -> int:
+    for index, names in enumerate(LAYERS):
+        if any(module == n or module.startswith(n + ".") for n in names):
+            return index
+    raise AssertionError(f"{module} is in no layer of DESIGN §3: add it to LAYERS")
+
+
+def _allowed(module: str) -> set[str] | None:
+    matching = [p for p in ALLOWED if module == p or module.startswith(p + ".")]
+    return ALLOWED[max(matching, key=len)] if matching else set()
+
+
+def _third_party(module: str) -> set[str]:
+    """Top-level third-party packages importing ``module`` loads, in a fresh interpreter."""
+    result = subprocess.run(
+        [sys.executable, "-c", _PROBE, module], capture_output=True, text=True, check=True
+    )
+    return set(json.loads(result.stdout))
+
+
+@functools.cache
+def _with_dependencies(package: str) -> frozenset[str]:
+    """``package`` and what importing it brings along (torch loads typing_extensions...)."""
+    return frozenset(_third_party(package) | {package})
+
+
+@pytest.mark.parametrize("module", [m for m in MODULES if _allowed(m) is not None])
+def test_third_party_imports_follow_the_rules(module: str) -> None:
+    imported = _third_party(module)
+    allowed = _allowed(module)
+    assert allowed is not None
+    closure = set().union(*(_with_dependencies(p) for p in allowed)) if allowed else set()
+    assert imported <= closure, f"{module} imports {sorted(imported - closure)}"
+
+
+def _kvlib_imports(path: Path) -> list[tuple[str, list[str]]]:
+    """(module, names) for each ``import kvlib...`` / ``from kvlib... import`` in a file."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            if node.module.split(".")[0] == "kvlib":
+                found.append((node.module, [alias.name for alias in node.names]))
+        elif isinstance(node, ast.Import):
+            found += [(a.name, []) for a in node.names if a.name.split(".")[0] == "kvlib"]
+    return found
+
+
+def _source(module: str) -> Path:
+    spec = importlib.util.find_spec(module)
+    assert spec is not None and spec.origin is not None
+    return Path(spec.origin)
+
+
+@pytest.mark.parametrize("module", [m for m in MODULES if m != "kvlib"] + ["kvlib.__main__"])
+def test_imports_point_down_and_skip_private_names(module: str) -> None:
+    own = _layer(module)
+    for target, names in _kvlib_imports(_source(module)):
+        if target == "kvlib":
+            target = f"kvlib.{names[0]}" if names else target
+        assert _layer(target) <= own, f"{module} (layer {own}) imports {target}"
+        private = [n for n in names if n.startswith("_") and n != "__version__"]
+        assert not private, f"{module} imports private {private} from {target}"
+
+
+@pytest.mark.parametrize("module", MODULES)
+def test_every_module_declares_what_it_exports(module: str) -> None:
+    imported = importlib.import_module(module)
+    if module in ("kvlib", "kvlib.__main__") or Path(str(imported.__file__)).name == "__init__.py":
+        names = getattr(imported, "__all__", [])
+    else:
+        assert hasattr(imported, "__all__"), f"{module} has no __all__"
+        names = imported.__all__
+    for name in names:
+        assert hasattr(imported, name), f"{module}.__all__ lists missing {name!r}"
+
+
+def test_every_module_is_checked() -> None:
+    files = {p for p in ROOT.rglob("*.py")}
+    # MODULES leaves out kvlib.__main__; kvlib itself is kvlib/__init__.py.
+    assert len(MODULES) + 1 == len(files), "a module is missed by the walk (a missing __init__?)"
+
+
+# The public names of the core modules, pinned: a change here is a change of the API
+# the book, the grader and the calculator rely on.
+PINNED = {
+    "kvlib.sizing": [
+        "MLALayout", "kv_bytes", "kv_bytes_by_layer", "kv_bytes_per_token",
+        "kv_bytes_per_token_dense", "kv_bytes_per_token_per_layer", "layer_specs",
+        "max_context_tokens", "page_bytes", "seats", "seats_for_context", "tokens_held",
+    ],
+    "kvlib.bounds": [
+        "PrefillFlops", "attention_pairs", "compute_bound_tokens", "matmul_params",
+        "prefill_attention_flops", "prefill_flops", "prefill_time_s",
+        "decode_step_bytes", "decode_tokens_per_s", "expected_experts_touched",
+        "kv_bytes_per_gpu", "kv_exceeds_weights_at_tokens", "min_gpus", "prefill_seconds",
+        "valid_tp_degrees",
+    ],
+    "kvlib.weights.params": [
+        "ParamCount", "active_param_count", "count_params", "expert_weight_bytes",
+        "group_weight_bytes", "param_count", "shipped_weights", "unread_weight_bytes",
+        "weight_bytes",
+    ],
+    "kvlib.specs": [
+        "CacheSpec", "ChunkedLocal", "DS_MLA_FP8_BYTES_PER_TOKEN", "DecompressedMLA",
+        "FullAttention", "INDEXER_FP8_SCALE_BLOCK", "LinearState", "MLALatent", "SharedKV",
+        "SlidingWindow",
+    ],
+    "kvlib.config": [
+        "ConfigError", "IndexerConfig", "Layout", "MLAConfig", "MoEConfig", "ModelConfig",
+        "QuantizationConfig", "VisionTower", "bundled_config_path", "bundled_models",
+        "from_dict", "load_config",
+    ],
+    "kvlib.hardware": ["GPUS", "GPUSpec", "get_gpu", "gpu_from_torch_name", "gpu_names"],
+    "kvlib.units": None,  # constants and formatters: pinned by tests/unit/test_units.py
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("module", sorted(m for m, names in PINNED.items() if names))
+def test_public_names_are_pinned(module: str) -> None:
+    assert sorted(importlib.import_module(module).__all__) == sorted(PINNED[module] or [])
+
+
+def test_site_packages_are_where_the_probe_looks() -> None:
+    """The probe would miss third-party imports if site-packages were elsewhere."""
+    import numpy
+
+    assert any(
+        str(Path(numpy.__file__)).startswith(p)
+        for p in (sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"])
+    )
