@@ -6,6 +6,7 @@ the saved notebook the way the instructor's batch does.
 
 - :mod:`course.autograde`: ``configure(c, root)``, the nbgrader settings every path uses;
 - :mod:`course.intake`, :mod:`course.repair`: submissions read, repaired or set aside;
+- :mod:`course.stored`: a notebook file read without its stored outputs, in one pass;
 - :mod:`course.execute`: the executing preprocessor (limits, hidden tests in this process);
 - :mod:`course.hidden`: hidden tests checked on plain values read out of the kernel;
 - :mod:`course.sandbox`, :mod:`course.limits`, :mod:`course.mounts`: bubblewrap kernels
@@ -13,5 +14,7 @@ the saved notebook the way the instructor's batch does.
 - :mod:`course.flags`: what grading repaired or stopped, in the feedback and ``grades.csv``;
 - :mod:`course.scratch`: throwaway nbgrader course folders driven through nbgrader's CLI;
 - :mod:`course.batch`: ``make grade``, a class on every core;
-- :mod:`course.selfcheck`: ``make check`` and the notebook's "Check your work" cell.
+- :mod:`course.cluster`: ``make grade ... SCHEDULER=``, the kernels on a Dask cluster;
+- :mod:`course.selfcheck`: ``make check`` and the notebook's "Check your work" cell;
+- :mod:`course.tables`: the results tables the book's pages glue (MyST Markdown).
 """

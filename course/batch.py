@@ -1,6 +1,6 @@
 """``make grade ASSIGNMENT=name``: grade a whole class on every core, then export.
 
-``python -m course.batch ASSIGNMENT [--jobs N] [--force] [--student ID]``
+``python -m course.batch ASSIGNMENT [--jobs N] [--force] [--student ID] [--scheduler ADDR]``
 run from the course folder:
 
 1. puts the assignment into the gradebook when it is missing (nbgrader's
@@ -13,6 +13,12 @@ run from the course folder:
    ``nbgrader autograde ASSIGNMENT``; only the order of work differs;
 3. writes each student's feedback (``feedback/``), then ``grades.csv`` with a
    ``flags`` column (:mod:`course.flags`).
+
+With ``--scheduler tcp://host:8786`` (or ``$KVLIB_DASK_SCHEDULER``; ``make grade
+... SCHEDULER=...``) step 2 runs on that Dask cluster and feedback comes back
+from it (:mod:`course.cluster`); this process alone writes the gradebook,
+``autograded/``, ``feedback/`` and ``grades.csv``. A scheduler that cannot be
+reached is one line naming its address, and exit status 2.
 
 A submission that cannot be graded is reported and skipped; the batch goes on
 and the exit status is 1. Each student's nbgrader log is appended to
@@ -38,7 +44,13 @@ from typing import Any
 from course.repair import set_aside
 from course.scratch import NbgraderError, course_root
 
-__all__ = ["Outcome", "grade_class", "main", "submissions"]
+__all__ = [
+    "Outcome",
+    "grade_class",
+    "grade_class_on_cluster",
+    "main",
+    "submissions",
+]
 
 _API: Any = None  # this worker's nbgrader API
 
@@ -162,10 +174,46 @@ def grade_class(
             graded.append(future.result())
             _log(root, "autograde", graded[-1])
             print(f"[{number}/{len(futures)}] {graded[-1].student}: {_state(graded[-1])}",
-                  flush=True)  # fmt: skip
+                  flush=True)
         if feedback:
             graded += _give_feedback(root, pool, assignment, graded, jobs)
         pool.submit(_export).result()
+    return graded
+
+
+def grade_class_on_cluster(
+    client: Any,
+    root: Path,
+    assignment: str,
+    students: list[str],
+    *,
+    force: bool,
+    feedback: bool,
+) -> list[Outcome]:
+    """:func:`grade_class`, with the kernels run on the Dask cluster of ``client``."""
+    global _API
+    from nbgrader.apps import NbGraderAPI
+
+    from course.cluster import grade_on_cluster, replaying
+
+    os.chdir(root)
+    _API = NbGraderAPI(config=replaying(_course_config(root)))
+    _API.log.setLevel(logging.INFO)
+    if message := _prepare(assignment):
+        print(message, flush=True)
+    graded: list[Outcome] = []
+
+    def report(**fields: Any) -> None:
+        graded.append(Outcome(**fields))
+        _log(root, "autograde", graded[-1])
+        print(f"[{len(graded)}/{len(students)}] {graded[-1].student}: {_state(graded[-1])}",
+              flush=True)
+
+    grade_on_cluster(
+        client, root, assignment, students, force=force, feedback=feedback, api=_API,
+        report=report,
+    )
+    _export()
     return graded
 
 
@@ -218,7 +266,26 @@ def _ensure_path() -> None:
         os.environ["PATH"] = os.pathsep.join([scripts, os.environ.get("PATH", "")])
 
 
+def _on_cluster(args: argparse.Namespace, root: Path, students: list[str]) -> list[Outcome]:
+    from course.cluster import connect
+
+    client = connect(args.scheduler)
+    try:
+        workers = len(client.scheduler_info().get("workers", {}))
+        print(f"grading {len(students)} submission(s) of {args.assignment} on the Dask "
+              f"cluster at {args.scheduler} ({workers} worker(s))", flush=True)
+        return grade_class_on_cluster(
+            client, root, args.assignment, students, force=args.force,
+            feedback=not args.no_feedback,
+        )
+    finally:
+        client.close()
+
+
 def main(argv: list[str] | None = None) -> int:
+    # Dask itself is imported only when a scheduler is given.
+    from course.cluster import SCHEDULER_ENV, SchedulerUnreachable
+
     parser = argparse.ArgumentParser(prog="make grade", description=__doc__.splitlines()[0])
     parser.add_argument("assignment", help="an assignment folder of solutions/, e.g. 01_kv_cache")
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="worker processes")
@@ -226,6 +293,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--student", action="append", default=[], help="only this student")
     parser.add_argument("--no-feedback", action="store_true", help="skip feedback/")
     parser.add_argument("--course", type=Path, help="course folder (default: found from here)")
+    parser.add_argument(
+        "--scheduler",
+        default=os.environ.get(SCHEDULER_ENV) or None,
+        help=f"a Dask scheduler, e.g. tcp://host:8786 (default: ${SCHEDULER_ENV}; none: "
+        "the cores of this machine)",
+    )
     args = parser.parse_args(argv)
     if args.jobs < 1:
         parser.error("--jobs must be at least 1")
@@ -246,29 +319,36 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if _sandbox_missing(root):
         print("make grade: grading needs bubblewrap to confine student code: "
-              "apt-get install bubblewrap", file=sys.stderr)  # fmt: skip
+              "apt-get install bubblewrap", file=sys.stderr)
         return 2
     for student in students:  # before nbgrader follows a link to who knows where
         for moved in set_aside(root / "submitted" / student / args.assignment):
             print(f"{student}: {moved} is a link or special file: set aside, not graded")
     start = time.perf_counter()
     try:
-        jobs = min(args.jobs, len(students))
-        print(f"grading {len(students)} submission(s) of {args.assignment} with {jobs} worker(s)")
-        outcomes = grade_class(
-            root, args.assignment, students, jobs=jobs, force=args.force,
-            feedback=not args.no_feedback,
-        )  # fmt: skip
+        if args.scheduler:
+            outcomes = _on_cluster(args, root, students)
+        else:
+            jobs = min(args.jobs, len(students))
+            print(f"grading {len(students)} submission(s) of {args.assignment} "
+                  f"with {jobs} worker(s)")
+            outcomes = grade_class(
+                root, args.assignment, students, jobs=jobs, force=args.force,
+                feedback=not args.no_feedback,
+            )
+    except SchedulerUnreachable as err:
+        print(f"make grade: {err}", file=sys.stderr)
+        return 2
     except NbgraderError as err:
         print(f"make grade: {err}", file=sys.stderr)
         return 1
     except BrokenProcessPool:
         print("make grade: a grading worker died (out of memory?); run it again: work already "
-              "graded is kept", file=sys.stderr)  # fmt: skip
+              "graded is kept", file=sys.stderr)
         return 1
     failed = sorted({o.student for o in outcomes if not o.success})
     print(f"graded {len(students) - len(failed)} of {len(students)} in "
-          f"{time.perf_counter() - start:.1f} s; grades.csv written")  # fmt: skip
+          f"{time.perf_counter() - start:.1f} s; grades.csv written")
     if failed:
         print(f"could not grade: {', '.join(failed)} (details in .nbgrader.log)", file=sys.stderr)
         return 1

@@ -8,10 +8,14 @@
 - a test cell (``grade`` and not ``solution``) never runs there: the values it
   reads are taken out of the kernel and the test runs in this process
   (:mod:`course.hidden`), bound to the same student;
-- a cell that times out, kills its kernel, hits a resource limit or prints
-  more than ``max_output_bytes`` gets an error output saying so; the kernel is
-  restarted and the assignment's own locked set-up cells before it are run
-  again, so one bad cell costs that cell and the names it would have set;
+- a cell's output is kept up to ``max_output_bytes`` characters; the rest is
+  dropped with a note and an ``output truncated`` flag, and the cell runs on:
+  a verbose but honest cell keeps its points (its error output, if it raises,
+  is kept too);
+- a cell that times out, kills its kernel or hits a resource limit gets an
+  error output saying so; the kernel is restarted and the assignment's own
+  locked set-up cells before it are run again, so one bad cell costs that
+  cell and the names it would have set;
 - the whole notebook gets ``notebook_timeout`` seconds: cells after that are
   not run and their tests fail, saying why;
 - every such event is also recorded as a flag (:mod:`course.flags`)
@@ -50,7 +54,14 @@ from course.limits import Limits
 from course.sandbox import SandboxedKernelManager
 from kvlib.grading import DEFAULT_STUDENT, STUDENT_ENV, grading_student
 
-__all__ = ["SKIPPED_IDS", "VerifiedExecute", "error_output", "is_test_cell"]
+__all__ = [
+    "OUTPUT_TRUNCATED",
+    "SKIPPED_IDS",
+    "VerifiedExecute",
+    "apply_carriage_returns",
+    "error_output",
+    "is_test_cell",
+]
 
 _PRELOADED = (kvlib.grading, kvlib.sizing, kvlib.units)
 # Cells the grader never runs, whatever their tags say (the self-check cell would
@@ -60,6 +71,11 @@ _OUTPUT_MESSAGES = frozenset(
     {"stream", "display_data", "execute_result", "update_display_data", "error", "clear_output"}
 )
 _DEFAULTS = Limits()
+OUTPUT_TRUNCATED = "output truncated"
+# A cell's own error (its traceback) is kept past the output cap when it is this short.
+_ERROR_KEPT_CHARS = 64 * 1024
+# Characters counted for a message's envelope, however short its content.
+_MESSAGE_CHARS = 64
 
 
 def is_test_cell(cell: NotebookNode) -> bool:
@@ -86,6 +102,43 @@ def _size(value: object) -> int:
     return 8
 
 
+def apply_carriage_returns(text: str) -> str:
+    """What a terminal shows of ``text``: on each line, only what follows its last carriage
+    return (one not ending the line). Linear in the text's length."""
+    if "\r" not in text:
+        return text
+    lines = text.split("\n")
+    for k, line in enumerate(lines):
+        last = line[:-1].rfind("\r")  # a return that is the last character overwrites nothing
+        if last >= 0:
+            lines[k] = line[last + 1 :]
+    return "\n".join(lines)
+
+
+def _coalesce(cell: NotebookNode) -> None:
+    """nbclient's ``coalesce_streams``: one output per stream name, at the place of its first
+    part, carriage returns applied, stdout before a stderr that directly precedes it."""
+    merged: list[NotebookNode] = []
+    streams: dict[str, NotebookNode] = {}
+    for output in cell.get("outputs", []):
+        if output.get("output_type") != "stream":
+            merged.append(output)
+        elif output.get("name") in streams:
+            streams[output["name"]]["text"] += output.get("text", "")
+        else:
+            merged.append(output)
+            streams[output.get("name")] = output
+    for output in streams.values():
+        output["text"] = apply_carriage_returns(output.get("text", ""))
+    for k in range(len(merged) - 1):
+        first, second = merged[k], merged[k + 1]
+        if (first.get("output_type"), first.get("name")) == ("stream", "stderr") and (
+            second.get("output_type"), second.get("name")) == ("stream", "stdout"):
+            merged[k], merged[k + 1] = second, first
+    if "outputs" in cell:
+        cell.outputs = merged
+
+
 def _grade_id(cell: NotebookNode) -> str:
     return str(cell.metadata.get("nbgrader", {}).get("grade_id", ""))
 
@@ -94,11 +147,13 @@ class VerifiedExecute(Execute):  # type: ignore[misc]
     """nbgrader's Execute, with test cells checked outside the student's kernel."""
 
     max_output_bytes = Integer(
-        _DEFAULTS.output_bytes, help="Output one cell may send before its kernel is stopped"
+        _DEFAULTS.output_bytes, help="Output of one cell kept; the rest is dropped, with a note"
     ).tag(config=True)
     # One stream output per cell and stream, however the kernel happened to flush it: the
-    # graded notebook does not depend on timing (serial and parallel grading agree).
-    coalesce_streams = Bool(True)
+    # graded notebook does not depend on timing (serial and parallel grading agree). Done
+    # here (_coalesce), not by nbclient: its carriage-return rule is a regex that takes
+    # quadratic time on one long line, and a cell may print a megabyte without a newline.
+    coalesce_streams = Bool(False)
     notebook_timeout = Float(_DEFAULTS.notebook_s, help="Seconds the whole notebook may run").tag(
         config=True
     )
@@ -110,6 +165,7 @@ class VerifiedExecute(Execute):  # type: ignore[misc]
         self._deadline = math.inf
         self._cell_output = 0
         self._output_cut = False
+        self._dropped_chars = 0
         self._out_of_time = False
 
     def preprocess(
@@ -133,16 +189,50 @@ class VerifiedExecute(Execute):  # type: ignore[misc]
     def process_message(
         self, msg: dict[str, Any], cell: NotebookNode, cell_index: int
     ) -> NotebookNode | None:
-        """Count each cell's output; past the limit, drop it and stop the cell."""
-        if msg["msg_type"] in _OUTPUT_MESSAGES or msg["msg_type"].startswith("comm"):
-            self._cell_output += max(64, _size(msg.get("content")))
-            if self._cell_output > self.max_output_bytes:
-                if not self._output_cut:
-                    self._output_cut = True
-                    self._kill_kernel()  # nbclient then reports a dead kernel for this cell
-                return None
+        """Count each cell's output; keep the first ``max_output_bytes``, drop the rest."""
+        kind = msg["msg_type"]
+        if kind in _OUTPUT_MESSAGES or kind.startswith("comm"):
+            size = max(_MESSAGE_CHARS, _size(msg.get("content")))
+            room = self.max_output_bytes - self._cell_output
+            self._cell_output += size
+            if size > room and not (kind == "error" and size <= _ERROR_KEPT_CHARS):
+                kept = self._cut(msg, size, room)
+                if kept is None:
+                    return None
+                msg = kept
         result: NotebookNode | None = super().process_message(msg, cell, cell_index)
         return result
+
+    def _cut(self, msg: dict[str, Any], size: int, room: int) -> dict[str, Any] | None:
+        """What of ``msg`` fits in ``room`` characters: the first part of printed text, else
+        nothing. What does not fit is counted as dropped."""
+        self._output_cut = True
+        content = msg.get("content") or {}
+        text = content.get("text")
+        if msg["msg_type"] == "stream" and isinstance(text, str) and room > _MESSAGE_CHARS:
+            keep = room - _MESSAGE_CHARS
+            self._dropped_chars += len(text) - keep
+            return {**msg, "content": {**content, "text": text[:keep]}}
+        self._dropped_chars += len(text) if isinstance(text, str) else size
+        return None
+
+    def _note_cut(self, cell: NotebookNode, index: int) -> None:
+        """Say, in the cell and in the flags, that its output was cut."""
+        if not self._output_cut:
+            return
+        note = (
+            f"\n[output truncated by the grader: the first {self.max_output_bytes:,} characters "
+            f"of this cell's output were kept, {self._dropped_chars:,} more were dropped]\n"
+        )
+        cell.outputs.append(
+            NotebookNode(output_type="stream", name="stderr", text=note)  # type: ignore[no-untyped-call]
+        )
+        add_flag(
+            self.nb,
+            f"{_grade_id(cell) or f'cell {index + 1}'}: {OUTPUT_TRUNCATED} (the first "
+            f"{self.max_output_bytes:,} characters kept; the cell ran to its end)",
+        )
+        self._output_cut = False
 
     def preprocess_cell(
         self, cell: NotebookNode, resources: dict[str, Any], index: int
@@ -171,7 +261,7 @@ class VerifiedExecute(Execute):  # type: ignore[misc]
         cell_timeout: int | None = getattr(self, "timeout", None)
         shortened = max(1, int(min(cell_timeout or math.inf, math.ceil(remaining))))
         setattr(self, "timeout", shortened)  # noqa: B010 - a traitlet mypy cannot type
-        self._cell_output, self._output_cut = 0, False
+        self._cell_output, self._output_cut, self._dropped_chars = 0, False, 0
         started = time.monotonic()
         try:
             result: tuple[NotebookNode, dict[str, Any]] = super().preprocess_cell(
@@ -179,9 +269,13 @@ class VerifiedExecute(Execute):  # type: ignore[misc]
             )
             if any(o.get("ename") == "CellTimeoutError" for o in cell.outputs):
                 raise CellTimeoutError("no reply from the kernel before the timeout")
+            _coalesce(cell)
+            self._note_cut(cell, index)
             return result
         except Exception as err:  # any failure here comes from the student's kernel
             cell.outputs = [o for o in cell.outputs if o.get("ename") != "CellTimeoutError"]
+            _coalesce(cell)
+            self._note_cut(cell, index)
             message = self._cause(err, remaining, time.monotonic() - started)
             known = isinstance(err, CellTimeoutError | DeadKernelError)
             ename = type(err).__name__ if known else "KernelError"
@@ -197,9 +291,7 @@ class VerifiedExecute(Execute):  # type: ignore[misc]
         """What stopped the cell, in words for the student; decides what happens next."""
         km = self.km
         reason = km.limit_reason if isinstance(km, SandboxedKernelManager) else ""
-        if self._output_cut:
-            cause = f"the cell printed more than {self.max_output_bytes:,} bytes of output"
-        elif reason:
+        if reason:
             cause = f"the kernel {reason}"
         elif "IOPub" in str(err) and elapsed < (self.timeout or math.inf):
             # The reply came in time, the output did not.

@@ -37,7 +37,7 @@ _KEY = "kvlib"
 CSV_COLUMNS = (
     "assignment", "duedate", "timestamp", "student_id", "last_name", "first_name", "email",
     "raw_score", "late_submission_penalty", "score", "max_score", "flags",
-)  # fmt: skip
+)
 
 
 def add_flag(nb: NotebookNode, text: str) -> None:

@@ -5,9 +5,10 @@
 so plain ``nbgrader autograde`` and ``make grade`` read submissions alike).
 In nbgrader's first pass over a submission ("sanitizing") it:
 
-- reads the file as bytes and repairs it against the released notebook
-  (:func:`course.repair.repair_notebook`), recording what it did as
-  flags in the notebook's metadata, replacing any flags the file carried;
+- reads the file as a stream, its stored outputs dropped, and repairs it
+  against the released notebook (:func:`course.repair.repair_notebook`),
+  recording what it did as flags in the notebook's metadata, replacing any
+  flags the file carried;
 - removes, from the graded copy of the submission folder, every file the
   student submitted as a symbolic link or special file (nbgrader copies the
   link's target, which could be any file the grader can read), and flags it;
@@ -70,7 +71,8 @@ class RepairingExporter(NotebookExporter):
                 return self.from_file(f, resources=resources, **kw)
         info = resources.get("nbgrader", {})
         release = release_notebook(converter.coursedir, info["assignment"], info["notebook"])
-        nb, flags = repair_notebook(path.read_bytes(), release)
+        with open(path, "rb") as submitted:  # read as a stream: never held whole in memory
+            nb, flags = repair_notebook(submitted, release)
         for flag in flags:
             add_flag(nb, flag)
         self._drop_unsafe_files(converter, info, nb)
@@ -83,10 +85,10 @@ class RepairingExporter(NotebookExporter):
         coursedir = converter.coursedir
         submitted = Path(coursedir.format_path(
             coursedir.submitted_directory, info["student"], info["assignment"]
-        ))  # fmt: skip
+        ))
         graded = Path(coursedir.format_path(
             coursedir.autograded_directory, info["student"], info["assignment"]
-        ))  # fmt: skip
+        ))
         source = Path(coursedir.format_path(coursedir.source_directory, ".", info["assignment"]))
         aside = submitted.parent / SET_ASIDE / submitted.name  # where make grade moved them
         for relative in sorted(set(unsafe_files(submitted)) | set(unsafe_files(aside))):

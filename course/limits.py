@@ -20,7 +20,10 @@ Three mechanisms, each covering what the others cannot:
   process's memory, so they must be capped where they are mounted.
 
 Output per cell and the whole notebook's wall time are limited on the
-grader's side, where the output arrives (:mod:`course.execute`).
+grader's side, where the output arrives (:mod:`course.execute`): output past
+the cap is dropped with a note, and the cell runs on. So that a long print
+arrives as many small messages, never one above the largest message the
+grader accepts, the kernel runs from :data:`KERNEL_BOOT` (:func:`kernel_argv`).
 """
 
 from __future__ import annotations
@@ -37,10 +40,13 @@ from kvlib.units import GiB, MiB
 
 __all__ = [
     "CELL_TIMEOUT_S",
+    "KERNEL_BOOT",
     "LAUNCHER",
+    "STREAM_CHUNK_CHARS",
     "Limits",
     "Usage",
     "Watchdog",
+    "kernel_argv",
     "kernel_uid",
     "launcher_argv",
     "sandbox_usage",
@@ -61,7 +67,7 @@ class Limits:
 
     memory_bytes: int = 2 * GiB  # address space per process, and PSS of the whole sandbox
     processes: int = 64  # tasks (processes + threads) in the sandbox
-    output_bytes: int = 1 * MiB  # output one cell may send before its kernel is stopped
+    output_bytes: int = 1 * MiB  # output of one cell kept; the rest is dropped, with a note
     notebook_s: float = 300.0  # wall time for the whole notebook
     file_bytes: int = 64 * MiB  # largest file the kernel may write
     scratch_bytes: int = 64 * MiB  # each writable tmpfs (the notebook's folder, /tmp)
@@ -106,6 +112,38 @@ if spec["uid"] is not None:
     os.setuid(spec["uid"])
 os.execv(spec["argv"][0], spec["argv"])
 """
+
+
+# Characters of printed text per stream message. ipykernel sends whatever a cell printed
+# between two flushes (every 0.2 s) as one message: one print of 20 MB is one 20 MB
+# message, which the grader refuses whole (course.sandbox's max_message_bytes).
+STREAM_CHUNK_CHARS = 64 * 1024
+
+# ipykernel_launcher's own steps (cwd off sys.path while ipykernel loads), with stdout and
+# stderr sent in pieces of at most STREAM_CHUNK_CHARS characters.
+KERNEL_BOOT = f"""\
+import sys
+if sys.path and sys.path[0] == "":
+    del sys.path[0]
+from ipykernel import iostream, kernelapp
+class ChunkedOutStream(iostream.OutStream):
+    def _flush_buffers(self):
+        for parent, data in super()._flush_buffers():
+            for start in range(0, len(data), {STREAM_CHUNK_CHARS}):
+                yield parent, data[start:start + {STREAM_CHUNK_CHARS}]
+iostream.ChunkedOutStream = ChunkedOutStream
+kernelapp.launch_new_instance(
+    argv=sys.argv[1:] + ["--IPKernelApp.outstream_class=ipykernel.iostream.ChunkedOutStream"]
+)
+"""
+
+
+def kernel_argv(kernel_cmd: list[str]) -> list[str]:
+    """``python -m ipykernel_launcher ARGS`` as ``python -c KERNEL_BOOT ARGS``; any other
+    kernel command unchanged."""
+    if kernel_cmd[1:3] == ["-m", "ipykernel_launcher"]:
+        return [kernel_cmd[0], "-c", KERNEL_BOOT, *kernel_cmd[3:]]
+    return kernel_cmd
 
 
 def kernel_uid() -> int | None:

@@ -7,8 +7,15 @@ file into a notebook nbgrader can grade, repairing where the intent is clear
 and saying what it did, in flags (:mod:`course.flags`) that reach the
 export and the student's feedback:
 
-- a file that is not a notebook (bad JSON, not UTF-8, too large) is graded as
-  the blank release, so it scores 0 with feedback that says why;
+- stored outputs are dropped as the file is read (:mod:`course.stored`):
+  nbgrader clears them before it runs the notebook, so they are not the
+  student's graded work, and a notebook is only too large
+  (``MAX_NOTEBOOK_BYTES``) by what is graded: sources, metadata, attachments.
+  A file over that cap with its outputs is flagged ``outputs dropped``;
+- a file that is not a notebook (bad JSON, not UTF-8, cut off mid-save, too
+  large without its outputs, or over ``MAX_FILE_BYTES`` raw, refused before
+  it is read) is graded as the blank release, so it scores 0 with feedback
+  that says why;
 - malformed cells are dropped; missing, invalid or repeated cell ids replaced;
 - a graded cell id that appears twice (Jupyter's copy and paste keeps the
   nbgrader metadata): the copy that sits where the released notebook had it
@@ -24,24 +31,38 @@ export and the student's feedback:
 from __future__ import annotations
 
 import copy
+import io
 import json
 import os
 import re
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import nbformat as _nbformat
 from nbformat import NotebookNode
 
-from kvlib.units import MiB
+from course.stored import KeptTooLarge, strip_outputs
+from kvlib.units import GiB, MiB
 
 # nbformat is only partly typed: use it untyped here.
 nbformat: Any = _nbformat
 
-__all__ = ["MAX_NOTEBOOK_BYTES", "SET_ASIDE", "repair_notebook", "set_aside", "unsafe_files"]
+__all__ = [
+    "MAX_FILE_BYTES",
+    "MAX_NOTEBOOK_BYTES",
+    "OUTPUTS_DROPPED",
+    "SET_ASIDE",
+    "repair_notebook",
+    "set_aside",
+    "unsafe_files",
+]
 
+# What is graded (the file without its stored outputs) may be this large.
 MAX_NOTEBOOK_BYTES = 32 * MiB
+# A raw file this large is refused unread: no real notebook comes near it.
+MAX_FILE_BYTES = 1 * GiB
+OUTPUTS_DROPPED = "outputs dropped"
 # Where ``make grade`` moves links out of a submission: submitted/<student>/.links/<assignment>/
 SET_ASIDE = ".links"
 _CELL_ID = re.compile(r"^[a-zA-Z0-9-_]{1,64}$")
@@ -227,14 +248,39 @@ def _demote(
         cell.metadata.pop("nbgrader", None)
 
 
-def repair_notebook(data: bytes, release: NotebookNode) -> tuple[NotebookNode, list[str]]:
-    """A gradable nbformat 4 notebook made from the file ``data``, and what was repaired."""
-    if len(data) > MAX_NOTEBOOK_BYTES:
-        return _blank(release, f"the notebook is larger than {MAX_NOTEBOOK_BYTES // MiB} MiB")
+def _file_bytes(stream: BinaryIO) -> int:
+    """Size of the file behind ``stream`` (from its current position), without reading it."""
+    start = stream.tell()
+    end = stream.seek(0, io.SEEK_END)
+    stream.seek(start)
+    return end - start
+
+
+def _mib(n_bytes: int) -> str:
+    return f"{n_bytes / MiB:,.1f} MiB"
+
+
+def repair_notebook(
+    data: bytes | BinaryIO, release: NotebookNode
+) -> tuple[NotebookNode, list[str]]:
+    """A gradable nbformat 4 notebook made from the file ``data`` (its bytes, or the file
+    opened in binary mode), and what was repaired."""
+    stream = io.BytesIO(data) if isinstance(data, bytes | bytearray) else data
+    file_bytes = _file_bytes(stream)
+    if file_bytes > MAX_FILE_BYTES:
+        return _blank(release, f"the file is {_mib(file_bytes)}, over the "
+                               f"{MAX_FILE_BYTES // GiB} GiB any notebook fits in: not read")
     try:
-        raw = json.loads(data.decode("utf-8"))
+        stripped = strip_outputs(stream, MAX_NOTEBOOK_BYTES)
+    except KeptTooLarge:
+        return _blank(release, f"the notebook is larger than {MAX_NOTEBOOK_BYTES // MiB} MiB "
+                               "without its outputs")
+    try:
+        raw = json.loads(stripped.data.decode("utf-8"))
     except (UnicodeDecodeError, ValueError, RecursionError):
         return _blank(release, "the file is not a readable notebook (not JSON)")
+    outputs_dropped = stripped.outputs_dropped
+    del stripped  # the parsed notebook is all that is needed now
     if not isinstance(raw, dict) or not isinstance(raw.get("cells"), list):
         return _blank(release, "the file is not a notebook (no list of cells)")
     if raw.get("nbformat") != 4:
@@ -243,6 +289,12 @@ def repair_notebook(data: bytes, release: NotebookNode) -> tuple[NotebookNode, l
         except Exception:  # nbformat's converters raise many kinds
             return _blank(release, f"notebook format {raw.get('nbformat')!r} cannot be read")
     flags: list[str] = []
+    if file_bytes > MAX_NOTEBOOK_BYTES and outputs_dropped:
+        flags.append(
+            f"{OUTPUTS_DROPPED}: the file is {_mib(file_bytes)}, over the "
+            f"{MAX_NOTEBOOK_BYTES // MiB} MiB cap, with the outputs it stored; they were "
+            "removed before grading (the grader runs the code again)"
+        )
     cells = _cells(raw, flags)
     order, by_id = _released_cells(release)
     keep = _keepers(cells, order, by_id, flags)

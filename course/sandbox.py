@@ -46,13 +46,16 @@ import zmq
 from jupyter_client.manager import AsyncKernelManager
 from traitlets import Float, Integer, Unicode
 
-from course.limits import Limits, Watchdog, kernel_uid, launcher_argv
+import kvlib
+from course.limits import Limits, Watchdog, kernel_argv, kernel_uid, launcher_argv
 from course.mounts import Mounts, outermost, python_paths, system_argv
 from kvlib.grading import STUDENT_ENV
 
 __all__ = ["MODE_ENV", "SandboxError", "SandboxedKernelManager", "bwrap_available"]
 
 MODE_ENV = "KVLIB_GRADING_SANDBOX"
+# The package student code imports, mounted read-only (never the folder around it).
+_KVLIB = Path(kvlib.__file__).resolve().parent
 _DEFAULTS = Limits()
 
 
@@ -173,7 +176,7 @@ class SandboxedKernelManager(AsyncKernelManager):
             "MPLBACKEND": "Agg",
             "PYTHONDONTWRITEBYTECODE": "1",
             # The kvlib the grader runs (and mounts), whichever checkout it came from.
-            "PYTHONPATH": str(Path(__file__).resolve().parents[2]),
+            "PYTHONPATH": str(_KVLIB.parent),
             "PYDEVD_DISABLE_FILE_VALIDATION": "1",
             "MALLOC_ARENA_MAX": "2",
             "OMP_NUM_THREADS": "1",
@@ -188,13 +191,13 @@ class SandboxedKernelManager(AsyncKernelManager):
         return env
 
     def format_kernel_cmd(self, extra_arguments: list[str] | None = None) -> list[str]:
-        cmd: list[str] = super().format_kernel_cmd(extra_arguments)
+        cmd = kernel_argv(super().format_kernel_cmd(extra_arguments))
         if not self.sandboxed:
             return cmd
         launch_cwd = (self._launch_args or {}).get("cwd")
         cwd = Path(str(launch_cwd) if launch_cwd else os.getcwd()).resolve()
-        package = Path(__file__).resolve().parents[1]  # kvlib/
-        readable = outermost([*python_paths(), package])
+        # kvlib alone: the checkout around it holds solutions/ and the gradebook.
+        readable = outermost([*python_paths(), _KVLIB])
         limits = self.limits
         mounts = Mounts()
         mounts.add(["--size", str(1 << 20), "--perms", "1777", "--tmpfs"], Path("/dev/shm"))

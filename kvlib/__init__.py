@@ -2,7 +2,60 @@
 
 Import what you need from the submodules (``kvlib.sizing``, ``kvlib.config``,
 ...). Nothing here imports torch: modules that need it import it inside the
-functions that use it.
+functions that use it, or live in ``kvlib.nn`` (and ``kvlib.engine.core``).
+
+Where each chapter's code lives (a package, then its modules in brackets):
+
+Shared by every chapter, the leaves:
+    kvlib.units
+    kvlib.dtypes
+    kvlib.hardware
+    kvlib._validate
+
+Chapter 1, the KV cache (bytes, seats, context, time bounds, weights):
+    kvlib.sizing
+    kvlib.bounds
+    kvlib.config (fields, guards, kv_heads, layer_types, layers, model, parts)
+    kvlib.specs (attention, base, latent, states)
+    kvlib.weights (families, families_moe, layouts, params, tensors)
+
+Chapter 2, paging (vLLM's block pool, block tables, prefix cache, pool arithmetic):
+    kvlib.paging (block_pool, prefix, step_bytes, table, vllm_pool)
+    kvlib.paging.fragmentation (paged, reserved, shares, workload)
+    kvlib.nn.paged_attention
+
+Chapter 3, Multi-head Latent Attention:
+    kvlib.mla (cache, cost, placement)
+    kvlib.nn.mla
+    kvlib.nn.sparse
+
+Chapter 4, quantization:
+    kvlib.weights.quantized
+    kvlib.nn.quant
+    kvlib.nn.quant_fp8
+    kvlib.nn.quant_int
+    kvlib.nn.recall
+
+Chapter 5, rate limiting and queues:
+    kvlib.serving (bucket, confidence, erlang, priority, queueing, retries, simulate, slots)
+    kvlib.serving.ratelimit (atomic, connection, naive)
+
+Chapter 6, timing:
+    kvlib.timing (devices, harness, records, roofline, workloads)
+
+Chapter 7, the capstone:
+    kvlib.capacity (assessment, crossover, examples, remedies, scenario, symptoms)
+    kvlib.engine (core, scheduler)
+    kvlib.nn (decoder)
+
+Grading, what a graded notebook imports (standard library only):
+    kvlib.grading (configs, draw, slips)
+
+The command line (``kvlib size``, ``kvlib bench``, ...):
+    kvlib.cli
+    kvlib.__main__
+    kvlib.commands (bench, bench_render, engine_bench, grade, queue, size, size_render,
+        size_report)
 """
 
 __version__ = "0.1.0"

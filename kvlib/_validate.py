@@ -1,28 +1,75 @@
-"""Argument checks shared by every module: a bad argument is named, with what it must be.
+"""Argument checks shared by every module, and ``cdiv``.
 
-A leaf module (standard library only), so that the arithmetic modules raise the
-same clear ``ValueError`` for the same mistake instead of failing deep inside.
+A bad argument is named, with what it must be. A leaf module (standard library
+only), so that the arithmetic modules raise the same clear error for the same
+mistake instead of failing deep inside.
+
+An argument of the wrong type raises :class:`WrongTypeError`, both a ``TypeError``
+(what Python raises for a wrong type) and a ``ValueError`` (what every other bad
+argument raises), so a caller catching either sees it. ``bool`` is never a number
+here: ``True`` passed as a count is a slip, not 1.
 """
 
 from __future__ import annotations
 
 import math
+from typing import TypeGuard
 
-__all__ = ["require_fraction", "require_int", "require_positive"]
+__all__ = [
+    "WrongTypeError",
+    "cdiv",
+    "is_int",
+    "is_number",
+    "require_fraction",
+    "require_int",
+    "require_positive",
+]
+
+
+class WrongTypeError(TypeError, ValueError):
+    """An argument of the wrong type (e.g. a float where a count is expected)."""
+
+
+def is_int(value: object) -> TypeGuard[int]:
+    """True for an ``int`` that is not a ``bool``."""
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def is_number(value: object) -> TypeGuard[int | float]:
+    """True for an ``int`` or ``float`` that is not a ``bool`` (NaN and inf included)."""
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def cdiv(a: int, b: int) -> int:
+    """``ceil(a / b)`` in integers: whole blocks (or groups) holding ``a`` items, ``b`` a block.
+
+    vLLM's ``vllm.utils.cdiv`` is ``-(a // -b)``: exact for ints of any size, where
+    ``math.ceil(a / b)`` rounds through a float.
+    """
+    return -(a // -b)
+
+
+def _int_words(minimum: int) -> str:
+    if minimum == 0:
+        return "a non-negative integer"
+    if minimum == 1:
+        return "a positive integer"
+    return f"an integer >= {minimum}"
 
 
 def require_int(value: object, name: str, minimum: int = 0) -> int:
-    """``value`` if it is an ``int`` (not a bool) of at least ``minimum``, else ValueError."""
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        what = "a non-negative integer" if minimum == 0 else f"an integer >= {minimum}"
-        raise ValueError(f"{name} must be {what}, got {value!r}")
+    """``value`` if it is an ``int`` (not a bool) of at least ``minimum``, else an error."""
+    if not is_int(value):
+        raise WrongTypeError(f"{name} must be {_int_words(minimum)}, got {value!r}")
+    if value < minimum:
+        raise ValueError(f"{name} must be {_int_words(minimum)}, got {value!r}")
     return value
 
 
 def require_positive(value: object, name: str) -> float:
-    """``value`` as a float if it is a finite number above zero, else ValueError."""
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise ValueError(f"{name} must be a positive number, got {value!r}")
+    """``value`` as a float if it is a finite number above zero, else an error naming it."""
+    if not is_number(value):
+        raise WrongTypeError(f"{name} must be a positive number, got {value!r}")
     if not math.isfinite(value) or value <= 0:
         raise ValueError(f"{name} must be a positive finite number, got {value!r}")
     return float(value)
@@ -32,5 +79,5 @@ def require_fraction(value: object, name: str) -> float:
     """``value`` if it is a number in (0, 1], else ValueError (vLLM's memory fractions)."""
     number = require_positive(value, name)
     if number > 1:
-        raise ValueError(f"{name} must be in (0, 1], e.g. 0.9, got {value!r}")
+        raise ValueError(f"{name} must be in (0, 1], e.g. 0.92, got {value!r}")
     return number

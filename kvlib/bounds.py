@@ -11,9 +11,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from kvlib._validate import require_fraction, require_int, require_positive
+from kvlib._validate import cdiv, require_fraction, require_int, require_positive
 from kvlib.config import ModelConfig
-from kvlib.hardware import GPUSpec
+from kvlib.hardware import VLLM_GPU_MEMORY_UTILIZATION, GPUSpec, vllm_budget_bytes
 from kvlib.sizing import kv_bytes_by_layer, max_context_tokens
 from kvlib.specs import CacheSpec
 from kvlib.weights.layouts import weight_groups
@@ -23,7 +23,7 @@ __all__ = [
     "PrefillFlops",
     "attention_pairs",
     "compute_bound_tokens",
-    "decode_step_bytes",
+    "decode_bytes_per_gpu",
     "decode_tokens_per_s",
     "expected_experts_touched",
     "kv_bytes_per_gpu",
@@ -32,8 +32,8 @@ __all__ = [
     "min_gpus",
     "prefill_attention_flops",
     "prefill_flops",
-    "prefill_seconds",
-    "prefill_time_s",
+    "prefill_rule_of_thumb_s",
+    "prefill_lower_bound_s",
     "valid_tp_degrees",
 ]
 
@@ -51,13 +51,13 @@ def kv_exceeds_weights_at_tokens(
     return None if limit is None else limit + 1
 
 
-def prefill_seconds(num_params: int, prompt_tokens: int, flops_per_s: float) -> float:
+def prefill_rule_of_thumb_s(num_params: int, prompt_tokens: int, flops_per_s: float) -> float:
     """``2 x P x T / F``: the rule of thumb, 2 FLOPs per (active) parameter per prompt token.
 
     Counts the LM head at every prompt token (an engine computes logits for the
     last one only) and leaves out attention, whose share grows with ``T`` (about
     8% of the weight FLOPs at 4,096 tokens for Llama-3.1-8B).
-    :func:`prefill_flops` and :func:`prefill_time_s` count both. Use an
+    :func:`prefill_flops` and :func:`prefill_lower_bound_s` count both. Use an
     achievable ``flops_per_s`` (a fraction of the datasheet peak), not the peak.
     """
     require_int(num_params, "num_params", 1)
@@ -70,7 +70,7 @@ def decode_tokens_per_s(bytes_read_per_step: int, bandwidth_bytes_per_s: float) 
     """Upper bound on one sequence's decode speed: ``bandwidth / bytes read per step``.
 
     Each step reads every weight (and the batch's KV cache) from memory once,
-    so a memory-bound step cannot be faster. The course brief's example: 4 GB
+    so a memory-bound step cannot be faster. For example, 4 GB
     of int4 weights through 1,008 GB/s give 252 tokens/s.
     """
     require_int(bytes_read_per_step, "bytes_read_per_step", 1)
@@ -91,7 +91,7 @@ def expected_experts_touched(num_experts: int, experts_per_token: int, tokens: i
     return num_experts * (1 - (1 - experts_per_token / num_experts) ** tokens)
 
 
-def decode_step_bytes(
+def decode_bytes_per_gpu(
     cfg: ModelConfig,
     batch: int,
     context_tokens: int,
@@ -115,7 +115,7 @@ def decode_step_bytes(
         moe = cfg.moe
         touched = expected_experts_touched(moe.num_experts, moe.experts_per_token, batch)
         weights = weights - experts + math.ceil(experts * touched / moe.num_experts)
-    return -(-weights // tp) + batch * kv_bytes_per_gpu(cfg, context_tokens, kv_dtype, tp)
+    return cdiv(weights, tp) + batch * kv_bytes_per_gpu(cfg, context_tokens, kv_dtype, tp)
 
 
 def valid_tp_degrees(cfg: ModelConfig, max_tp: int = 8) -> list[int]:
@@ -160,17 +160,18 @@ def min_gpus(
     cfg: ModelConfig,
     gpu: GPUSpec,
     weight_dtype: str | None = "bf16",
-    gpu_memory_utilization: float = 0.9,
+    gpu_memory_utilization: float = VLLM_GPU_MEMORY_UTILIZATION,
     max_tp: int = 64,
 ) -> int | None:
     """Smallest valid tensor-parallel degree whose GPUs hold the weights with room to spare.
 
-    Each GPU gives ``memory x utilization`` (vLLM's ``gpu_memory_utilization``);
-    the weights split ``1 / tp`` per GPU and something must be left for the KV
-    cache. None if no valid degree up to ``max_tp`` fits.
+    Each GPU gives ``ceil(total x utilization)`` (vLLM's ``gpu_memory_utilization``
+    times CUDA's total, :func:`kvlib.hardware.vllm_budget_bytes`); the weights split
+    ``1 / tp`` per GPU and something must be left for the KV cache. None if no valid
+    degree up to ``max_tp`` fits.
     """
     require_fraction(gpu_memory_utilization, "gpu_memory_utilization")
-    usable = gpu.memory_bytes * gpu_memory_utilization
+    usable = vllm_budget_bytes(gpu, gpu_memory_utilization)
     weights = weight_bytes(cfg, weight_dtype)
     lower = math.ceil(weights / usable)
     for tp in valid_tp_degrees(cfg, max_tp):
@@ -245,7 +246,7 @@ def prefill_flops(cfg: ModelConfig, prompt_tokens: int, *, logits_tokens: int = 
     return PrefillFlops(2 * body * t, 2 * head * logits_tokens, prefill_attention_flops(cfg, t))
 
 
-def prefill_time_s(
+def prefill_lower_bound_s(
     cfg: ModelConfig,
     prompt_tokens: int,
     flops_per_s: float,
@@ -265,7 +266,7 @@ def prefill_time_s(
     require_positive(flops_per_s, "flops_per_s")
     require_positive(bandwidth_bytes_per_s, "bandwidth_bytes_per_s")
     flops = prefill_flops(cfg, prompt_tokens).total / tp
-    moved = decode_step_bytes(cfg, prompt_tokens, 0, kv_dtype, weight_dtype, tp)
+    moved = decode_bytes_per_gpu(cfg, prompt_tokens, 0, kv_dtype, weight_dtype, tp)
     moved += kv_bytes_per_gpu(cfg, prompt_tokens, kv_dtype, tp)
     return max(flops / flops_per_s, moved / bandwidth_bytes_per_s)
 

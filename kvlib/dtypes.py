@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from types import MappingProxyType
 
+from kvlib._validate import cdiv
+
 __all__ = ["DTYPE_BITS", "bytes_for", "check_dtype"]
 
 DTYPE_BITS: Mapping[str, int] = MappingProxyType(
@@ -40,4 +42,4 @@ def bytes_for(elements: int, dtype: str) -> int:
     Sub-byte types pack two 4-bit values in a byte; an odd count rounds up.
     """
     bits = DTYPE_BITS[check_dtype(dtype)]
-    return -(-elements * bits // 8)
+    return cdiv(elements * bits, 8)

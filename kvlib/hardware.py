@@ -8,6 +8,17 @@ itself, so an H100 reports 81,559 MiB (79.6 GiB) and an L4 "24 GB" card
 23,034 MiB (22.5 GiB). Where no driver reading is recorded the row says so
 (``driver_reported`` is False) and ``memory_bytes`` falls back to the printed
 figure read as decimal GB, the lower of the two readings.
+
+vLLM does not use the driver's figure: it multiplies ``gpu_memory_utilization``
+by CUDA's total, ``torch.cuda.mem_get_info()[1]``, which is smaller by what the
+CUDA context and driver keep (``vllm/v1/worker/utils.py`` ``request_memory``:
+``ceil(total_memory x gpu_memory_utilization)``). ``cuda_total_bytes`` records
+that reading where one is known (None otherwise), and :func:`vllm_budget_bytes`
+computes vLLM's budget from it, falling back to the driver's figure (an upper
+bound) where it is None. ``VLLM_GPU_MEMORY_UTILIZATION`` is vLLM's current
+default, 0.92 (``CacheConfig.gpu_memory_utilization``, ``vllm/config/cache.py``
+at commit ``002f10e0cfa1``; 0.9 in releases up to v0.6.4's documentation and
+for years after).
 Bandwidth and FLOP/s are decimal (1 TB/s = 10**12 B/s) and dense: datasheets
 also print "with sparsity" figures, twice as large, that dense transformer
 inference does not reach. L2 sizes are binary (50 MB of L2 is 50 MiB).
@@ -15,14 +26,27 @@ inference does not reach. L2 sizes are binary (50 MB of L2 is 50 MiB).
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass
 
-from kvlib.units import GB, TB, MiB
+from kvlib._validate import require_fraction
+from kvlib.units import GB, TB, GiB, MiB
 
-__all__ = ["GPUSpec", "GPUS", "get_gpu", "gpu_from_torch_name", "gpu_names"]
+__all__ = [
+    "VLLM_GPU_MEMORY_UTILIZATION",
+    "GPUSpec",
+    "GPUS",
+    "get_gpu",
+    "gpu_from_torch_name",
+    "gpu_names",
+    "vllm_budget_bytes",
+]
 
 TFLOP = 10**12
+
+# vLLM's default --gpu-memory-utilization (CacheConfig, vllm/config/cache.py, commit 002f10e0cfa1).
+VLLM_GPU_MEMORY_UTILIZATION = 0.92
 
 
 @dataclass(frozen=True)
@@ -38,6 +62,19 @@ class GPUSpec:
     l2_bytes: int | None
     source: str
     memory_source: str
+    cuda_total_bytes: int | None = None  # torch.cuda.mem_get_info()[1]; None: no reading
+    cuda_total_source: str = "no CUDA reading recorded"
+
+    @property
+    def vllm_total_bytes(self) -> int:
+        """The total vLLM multiplies by ``gpu_memory_utilization``: CUDA's where recorded,
+        else the driver's (:attr:`memory_bytes`, an upper bound)."""
+        return self.memory_bytes if self.cuda_total_bytes is None else self.cuda_total_bytes
+
+    @property
+    def vllm_total_label(self) -> str:
+        """Which total :attr:`vllm_total_bytes` is: ``"CUDA"`` or ``"driver"``."""
+        return "driver" if self.cuda_total_bytes is None else "CUDA"
 
     @property
     def driver_reported(self) -> bool:
@@ -65,8 +102,13 @@ def _spec(
     fp8_tflops: float | None,
     l2_mib: int | None,
     source: str,
+    cuda_total: tuple[int, str] | None = None,
 ) -> GPUSpec:
+    """``cuda_total``: CUDA's total in hundredths of a GiB (vLLM logs it so), and its source."""
     datasheet_gb, driver_mib, memory_source = memory
+    cuda_bytes, cuda_source = None, "no CUDA reading recorded"
+    if cuda_total is not None:
+        cuda_bytes, cuda_source = cuda_total[0] * GiB // 100, cuda_total[1]
     return GPUSpec(
         name=name,
         datasheet_memory_gb=datasheet_gb,
@@ -77,6 +119,8 @@ def _spec(
         l2_bytes=None if l2_mib is None else l2_mib * MiB,
         source=source,
         memory_source=memory_source,
+        cuda_total_bytes=cuda_bytes,
+        cuda_total_source=cuda_source,
     )
 
 
@@ -87,6 +131,10 @@ _SMI_H200 = "nvidia-smi on HGX H200 nodes (driver 570), e.g. NVIDIA H200 143771M
 _SMI_B200 = "nvidia-smi on an HGX B200, NVIDIA/TensorRT-LLM issue 10278 (driver 580.95)"
 _SMI_4090 = "nvidia-smi on an RTX 4090, vllm-project/vllm issue 7553 (driver 535)"
 _NO_READING = "no driver reading recorded: the datasheet's GB, read as decimal"
+# CUDA's total (torch.cuda.mem_get_info()[1]) as vLLM's start-up log prints it, to 0.01 GiB
+# ("Free memory on device (free/total GiB)", "total_gpu_memory"); no byte-exact public reading.
+_CUDA_H100 = (7_910, "torch.cuda.mem_get_info() on an H100 SXM 80GB: 79.10 GiB, to 0.01 GiB")
+_CUDA_H200 = (13_981, "torch.cuda.mem_get_info() on an H200 SXM 141GB: 139.81 GiB, to 0.01 GiB")
 
 _A100 = (
     "NVIDIA A100 Tensor Core GPU datasheet (2021), SXM column; L2 from the Ampere GA100 whitepaper"
@@ -105,8 +153,18 @@ GPUS: dict[str, GPUSpec] = {
     for spec in (
         _spec("A100-40GB", (40, 40_960, _SMI_MODAL), 1.555, 312, None, 40, _A100),
         _spec("A100-80GB", (80, 81_920, _SMI_MODAL), 2.039, 312, None, 40, _A100),
-        _spec("H100-SXM", (80, 81_559, _SMI_NCCL), 3.35, 989.4, 1978.9, 50, _H100 + ", SXM column"),
+        _spec(
+            "H100-SXM",
+            (80, 81_559, _SMI_NCCL),
+            3.35,
+            989.4,
+            1978.9,
+            50,
+            _H100 + ", SXM column",
+            _CUDA_H100,
+        ),
         _spec("H100-PCIe", (80, None, _NO_READING), 2.0, 756.5, 1513, 50, _H100 + ", PCIe column"),
+        _spec("H100-NVL", (94, None, _NO_READING), 3.9, 835.5, 1670.5, 50, _H100 + ", NVL column"),
         _spec(
             "H200",
             (141, 143_771, _SMI_H200),
@@ -115,6 +173,16 @@ GPUS: dict[str, GPUSpec] = {
             1978.9,
             50,
             "NVIDIA H200 Tensor Core GPU datasheet (2024), SXM column",
+            _CUDA_H200,
+        ),
+        _spec(
+            "H200-NVL",
+            (141, None, _NO_READING),
+            4.8,
+            835.5,
+            1670.5,
+            50,
+            "NVIDIA H200 Tensor Core GPU datasheet (2024), NVL column",
         ),
         _spec(
             "B200",
@@ -164,19 +232,31 @@ GPUS: dict[str, GPUSpec] = {
     )
 }
 
-# torch.cuda.get_device_name() spellings, most specific first.
+# torch.cuda.get_device_name() spellings, most specific first. Whole words only: a GH200
+# (a Grace Hopper superchip, its own memory and bandwidth) is not an H200, a GB200 not a
+# B200, and the NVL cards have their own rows.
 _TORCH_NAMES: tuple[tuple[str, str], ...] = (
-    (r"A100.*40", "A100-40GB"),
-    (r"A100", "A100-80GB"),
-    (r"H100.*PCIe", "H100-PCIe"),
-    (r"H100", "H100-SXM"),
-    (r"H200", "H200"),
-    (r"B200", "B200"),
-    (r"L40S", "L40S"),
+    (r"\bA100\b.*\b40GB\b", "A100-40GB"),
+    (r"\bA100\b", "A100-80GB"),
+    (r"\bH100 NVL\b", "H100-NVL"),
+    (r"\bH100\b.*\bPCIe\b", "H100-PCIe"),
+    (r"\bH100\b", "H100-SXM"),
+    (r"\bH200 NVL\b", "H200-NVL"),
+    (r"\bH200\b", "H200"),
+    (r"\bB200\b", "B200"),
+    (r"\bL40S\b", "L40S"),
     (r"\bL4\b", "L4"),
-    (r"RTX 4090", "RTX-4090"),
-    (r"MI300X", "MI300X"),
+    (r"\bRTX 4090\b", "RTX-4090"),
+    (r"\bMI300X\b", "MI300X"),
 )
+
+
+def vllm_budget_bytes(gpu: GPUSpec, gpu_memory_utilization: float) -> int:
+    """vLLM's memory budget on one GPU: ``ceil(total x u)`` with CUDA's total
+    (``vllm/v1/worker/utils.py`` ``request_memory``); the driver's total where no CUDA
+    reading is recorded (:attr:`GPUSpec.vllm_total_label` says which)."""
+    u = require_fraction(gpu_memory_utilization, "gpu_memory_utilization")
+    return math.ceil(gpu.vllm_total_bytes * u)
 
 
 def gpu_names() -> list[str]:

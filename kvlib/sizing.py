@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from kvlib._validate import require_int
+from kvlib._validate import is_int, require_int
 from kvlib.config import ModelConfig
 from kvlib.dtypes import check_dtype
 from kvlib.specs import CacheSpec
@@ -34,7 +34,7 @@ __all__ = [
     "kv_bytes_per_token_per_layer",
     "layer_specs",
     "max_context_tokens",
-    "page_bytes",
+    "summed_page_bytes",
     "seats",
     "seats_for_context",
     "tokens_held",
@@ -46,16 +46,15 @@ def kv_bytes_per_token_dense(
 ) -> int:
     """``2 x L x H_kv x d x b``: bytes one token occupies in a full-attention cache.
 
-    ``bytes_per_element`` may be 0.5 for a 4-bit cache. The course brief's
-    example: ``kv_bytes_per_token_dense(40, 8, 128, 2) == 163840`` (160 KiB).
+    ``bytes_per_element`` may be 0.5 for a 4-bit cache. For example
+    ``kv_bytes_per_token_dense(40, 8, 128, 2) == 163840`` (160 KiB).
     """
     for name, value in (
         ("num_layers", num_layers),
         ("num_kv_heads", num_kv_heads),
         ("head_dim", head_dim),
     ):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        require_int(value, name, 1)
     if not bytes_per_element > 0:
         raise ValueError(f"bytes_per_element must be positive, got {bytes_per_element!r}")
     total = 2 * num_layers * num_kv_heads * head_dim * bytes_per_element
@@ -75,7 +74,7 @@ def layer_specs(cfg: ModelConfig, mla_layout: MLALayout = "latent") -> tuple[Cac
 
 
 def _layer(cfg: ModelConfig, layer: int, mla_layout: MLALayout) -> CacheSpec:
-    if isinstance(layer, bool) or not isinstance(layer, int):
+    if not is_int(layer):
         raise TypeError(f"layer must be an int index, got {type(layer).__name__}")
     if not 0 <= layer < cfg.num_hidden_layers:
         raise ValueError(f"layer must be in [0, {cfg.num_hidden_layers}), got {layer}")
@@ -133,10 +132,13 @@ def kv_bytes(
     return batch * sum(kv_bytes_by_layer(cfg, context_tokens, kv_dtype, mla_layout=mla_layout))
 
 
-def page_bytes(cfg: ModelConfig, block_size: int = 16, kv_dtype: str = "bf16") -> int:
-    """One block of ``block_size`` tokens across every layer: vLLM's page sizes summed.
+def summed_page_bytes(cfg: ModelConfig, block_size: int = 16, kv_dtype: str = "bf16") -> int:
+    """One block of ``block_size`` tokens across every layer: each layer's page, summed.
 
-    Full attention: ``2 x block_size x H_kv x d x b`` per layer
+    Every layer counted at ``block_size`` tokens, as if one block id held every
+    layer; on a hybrid model vLLM unifies page sizes first
+    (:func:`kvlib.paging.vllm_pool.unified_page_bytes`), which can differ. Full
+    attention: ``2 x block_size x H_kv x d x b`` per layer
     (``AttentionSpec.real_page_size_bytes``); an MLA latent drops the 2;
     a linear-attention layer's page is its whole state (``MambaSpec``).
     """
@@ -146,7 +148,7 @@ def page_bytes(cfg: ModelConfig, block_size: int = 16, kv_dtype: str = "bf16") -
 def seats(free_bytes: int, bytes_per_seat: int) -> int:
     """Whole sequences that fit: ``floor(free_bytes / bytes_per_seat)``.
 
-    The course brief's card: 9 GiB free, 640 MiB a seat, gives 14 (the 15th fails).
+    A card with 9 GiB free, 640 MiB a seat, gives 14 (the 15th fails).
     """
     require_int(free_bytes, "free_bytes")
     require_int(bytes_per_seat, "bytes_per_seat", 1)

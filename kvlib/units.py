@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import re
 
+from kvlib._validate import is_int
+
 __all__ = [
     "BINARY_UNITS",
     "DECIMAL_UNITS",
@@ -91,7 +93,7 @@ def format_bytes(
     largest binary unit (or decimal one with ``binary=False``) is used.
     Trailing zeros are dropped and thousands are separated by commas.
     """
-    if isinstance(n_bytes, bool) or not isinstance(n_bytes, int):
+    if not is_int(n_bytes):
         raise TypeError(f"n_bytes must be an int number of bytes, got {type(n_bytes).__name__}")
     chosen = unit if unit is not None else _pick_unit(n_bytes, binary)
     if chosen not in _ALL_UNITS:

@@ -19,13 +19,10 @@ import argparse
 import platform
 import sys
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from kvlib.paging.fragmentation import POLICIES, SHAREGPT_LIKE, sample_requests, simulate  # noqa: E402
-from kvlib.sizing import kv_bytes_per_token_dense  # noqa: E402
-from kvlib.units import GiB  # noqa: E402
+from kvlib.paging.fragmentation import POLICIES, SHAREGPT_LIKE, sample_requests, simulate
+from kvlib.sizing import kv_bytes_per_token_dense
+from kvlib.units import GiB
 
 
 def bench_simulator(num_requests: int) -> None:
@@ -37,7 +34,7 @@ def bench_simulator(num_requests: int) -> None:
         shares = simulate(requests, policy, capacity)
         seconds = time.perf_counter() - start
         print(f"  {policy:7s} token states {shares.token_states:6.1%}  "
-              f"({shares.preemptions:,} preemptions)  {seconds * 1000:7.1f} ms")  # fmt: skip
+              f"({shares.preemptions:,} preemptions)  {seconds * 1000:7.1f} ms")
 
 
 def bench_attention(threads: int) -> None:
@@ -67,15 +64,15 @@ def bench_attention(threads: int) -> None:
     torch.testing.assert_close(paged, dense[:, :, 0], atol=1e-5, rtol=1e-5)
     env = {"torch": torch, "F": F, "paged_decode_attention": paged_decode_attention,
            "q": query, "kc": key_cache, "vc": value_cache, "tables": tables, "lens": lens,
-           "k": keys, "v": values}  # fmt: skip
+           "k": keys, "v": values}
     paged_t = Timer("paged_decode_attention(q, kc, vc, tables, lens)", globals=env,
-                    num_threads=threads).blocked_autorange(min_run_time=1.0)  # fmt: skip
+                    num_threads=threads).blocked_autorange(min_run_time=1.0)
     dense_stmt = "F.scaled_dot_product_attention(q[:, :, None], k, v, enable_gqa=True)"
     dense_t = Timer(dense_stmt, globals=env, num_threads=threads).blocked_autorange(
         min_run_time=1.0
     )
     print(f"paged attention on {platform.processor() or platform.machine()}, "
-          f"{threads} thread(s), torch {torch.__version__}")  # fmt: skip
+          f"{threads} thread(s), torch {torch.__version__}")
     print(f"  paged      {paged_t.median * 1e3:8.3f} ms (median)")
     print(f"  contiguous {dense_t.median * 1e3:8.3f} ms (median)")
     print(f"  ratio      {paged_t.median / dense_t.median:8.2f}x")

@@ -12,6 +12,8 @@ Steps:
    ``_vendor/pyodide``, the page's script and style into ``_vendor/calculator``, and
    pack the kvlib modules ``kvlib size`` imports (scripts/pack_kvlib.py) into
    ``_vendor/calculator/kvlib.zip``. Nothing is fetched from a CDN at run time.
+   Then build the exercise notebooks into a JupyterLite site (scripts/build_lite.py,
+   cached in ``_build/lite/site``), copied to ``lite/`` of the built site after Sphinx.
 3. If the kvlib sources or bundled configs changed since the last build, drop the
    execution cache and rebuild every page: the cache is keyed on a notebook's
    code only, and a number printed by the book must never come from an old kvlib.
@@ -43,6 +45,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+import build_lite  # scripts/build_lite.py, beside this file
 import pack_kvlib  # scripts/pack_kvlib.py, beside this file
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -56,7 +59,7 @@ PYODIDE_DIR = VENDOR_DIR / "pyodide"
 # Pyodide's core as the page loads it: the ES-module loader, the Emscripten glue, the
 # interpreter, the standard library, and the lock file the loader reads at start.
 PYODIDE_CORE = (
-    "pyodide.mjs", "pyodide.asm.js", "pyodide.asm.wasm", "python_stdlib.zip", "pyodide-lock.json",
+    "pyodide.mjs", "pyodide.asm.mjs", "pyodide.asm.wasm", "python_stdlib.zip", "pyodide-lock.json",
 )
 # The loader's default package address for Node.js (a CDN); browsers use packageBaseUrl.
 PYODIDE_NODE_CDN = re.compile(r"https://cdn\.jsdelivr\.net/pyodide/v\$\{[\w$]+\}/full/")
@@ -64,6 +67,7 @@ CALCULATOR_SOURCE = ROOT / "book" / "calculator_assets"
 CALCULATOR_DIR = VENDOR_DIR / "calculator"
 CALCULATOR_GLUE = "kvcalc.py"  # packed into kvlib.zip beside kvlib
 CALCULATOR_PAGE = "book/calculator.html"
+LITE_DIR_NAME = "lite"  # the exercises in JupyterLite: _build/html/lite (build_lite.py)
 
 # Hosts the default Sphinx/Jupyter Book templates would load assets from.
 CDN_PATTERN = re.compile(
@@ -241,12 +245,47 @@ def remote_assets(html_dir: Path) -> list[str]:
     return problems
 
 
+def provision_curve_keys() -> None:
+    """Give every kernel a fresh CurveZMQ key pair, so kernels start encrypted and quiet.
+
+    jupyter_client starts kernels over TCP on 127.0.0.1, and ipykernel (7.x) then logs
+    "Kernel is running over TCP without encryption" to stderr once per kernel: dozens of
+    times per build. ``ConnectionFileMixin`` writes ``curve_publickey`` and
+    ``curve_secretkey`` into the connection file when they are set, the kernel then
+    encrypts its sockets and the client (``km.client()``, which reads the same connection
+    info) authenticates with the public key. The keys are made when the connection file
+    is first written, one pair per kernel. (The IPC transport would also silence the
+    warning, but its socket paths default to ``kernel-ipc-N`` in the working directory,
+    which pages executing in parallel in one chapter folder would share.)
+    """
+    import zmq
+    from jupyter_client.connect import ConnectionFileMixin
+
+    if getattr(ConnectionFileMixin.write_connection_file, "provisions_curve_keys", False):
+        return
+    if not zmq.has("curve"):
+        return  # libzmq built without CurveZMQ: kernels stay on plain TCP (and warn)
+    write = ConnectionFileMixin.write_connection_file
+
+    def write_connection_file(self: ConnectionFileMixin, **kwargs: object) -> None:
+        if self.curve_secretkey is None:
+            self.curve_publickey, self.curve_secretkey = zmq.curve_keypair()
+        write(self, **kwargs)
+
+    write_connection_file.provisions_curve_keys = True  # type: ignore[attr-defined]
+    ConnectionFileMixin.write_connection_file = write_connection_file  # type: ignore[method-assign]
+
+
 # jupyter-book's CLI has no --jobs; Sphinx reads (and myst-nb executes) pages in
-# parallel processes when build_sphinx is given jobs > 1.
+# parallel processes when build_sphinx is given jobs > 1. The parallel readers are
+# forked from this process, so the kernels they start get provision_curve_keys too.
 _PARALLEL_CLI = """
 import sys
 import jupyter_book.sphinx as sphinx_module
 jobs = int(sys.argv.pop(1))
+sys.path.insert(0, sys.argv.pop(1))  # scripts/, for build_book
+from build_book import provision_curve_keys
+provision_curve_keys()
 original = sphinx_module.build_sphinx
 def build_sphinx(*args, **kwargs):
     kwargs["jobs"] = jobs
@@ -285,7 +324,7 @@ def jupyter_book_command(
     config: Path | None = None,
 ) -> list[str]:
     """The jupyter-book CLI of this Python environment, with warnings as errors."""
-    command = [sys.executable, "-c", _PARALLEL_CLI, str(build_jobs())]
+    command = [sys.executable, "-c", _PARALLEL_CLI, str(build_jobs()), str(Path(__file__).parent)]
     command += ["build", str(source), "--builder", "html", "-W", "-n", "--keep-going"]
     if output is not None:
         command += ["--path-output", str(output)]
@@ -309,7 +348,7 @@ def chapter_config(source: Path, output: Path) -> Path:
     config = yaml.safe_load((source / "_config.yml").read_text(encoding="utf-8"))
     sphinx = config.setdefault("sphinx", {}).setdefault("config", {})
     sphinx["suppress_warnings"] = [*sphinx.get("suppress_warnings", []), "myst.xref_missing",
-                                   "ref.doc"]  # fmt: skip
+                                   "ref.doc"]
     output.mkdir(parents=True, exist_ok=True)
     path = output / "_config.yml"
     path.write_text(yaml.safe_dump(config, sort_keys=False), encoding="utf-8")
@@ -361,6 +400,11 @@ def main(argv: list[str] | None = None) -> int:
     start = time.perf_counter()
     vendor_mathjax()
     vendor_calculator()
+    try:
+        with vendor_lock():
+            lite_site = build_lite.build()
+    except build_lite.LiteBuildError as exc:
+        raise SystemExit(f"build_book: cannot build the exercises' JupyterLite: {exc}") from None
     warm_matplotlib()
     rebuild_all = args.all
     if kvlib_changed(stamp):
@@ -386,6 +430,12 @@ def main(argv: list[str] | None = None) -> int:
     target = html_dir / "_static" / CALCULATOR_DIR.name
     shutil.rmtree(target, ignore_errors=True)
     shutil.copytree(CALCULATOR_DIR, target)
+    # JupyterLite, copied the same way: its pages are not Sphinx's.
+    lite_target = html_dir / LITE_DIR_NAME
+    shutil.rmtree(lite_target, ignore_errors=True)
+    with vendor_lock():
+        shutil.copytree(lite_site, lite_target,
+                        ignore=shutil.ignore_patterns(build_lite.FINGERPRINT))
     problems = remote_assets(html_dir)
     if problems:
         print("build_book: the site would load remote assets:", *problems, sep="\n  ",

@@ -1,50 +1,114 @@
-"""Every GPU measurement of chapter 6 in one command, written to one JSON file.
+"""Every GPU measurement of chapter 6 in one command, written to one JSON file as it goes.
 
-Usage: ``python scripts/gpu_check.py [--out book/data/gpu_<device>.json]``
+Usage::
 
-On one CUDA GPU, in well under five minutes, with kvlib's harness (CUDA events,
-cold L2 unless stated, medians): device-to-device copies and a pure read
-(the bandwidth references), decode attention over a KV cache in several
-implementations (the KV-read benchmark, goal: at least 90% of the copy's
-bandwidth), a matmul sweep from decode-like to prefill-like shapes (the
-roofline), a tiny kernel (launch overhead and event resolution), an
-unsynchronised host timing (the mistake), and agreement with
-``triton.testing.do_bench`` and ``torch.utils.benchmark.Timer``.
+    python scripts/gpu_check.py [--out FILE | --out-dir DIR] [--budget-s 300]
+    python scripts/gpu_check.py --rehearse --out /tmp/r.json [--fail-section NAME]
+    python scripts/gpu_check.py --summarize FILE
 
-The file records the device name, driver, clocks before and after, the date,
-and each measurement with its settings. Without a CUDA GPU the script refuses
-to run (exit status 2): it never writes a CPU time where a GPU figure belongs.
+On one CUDA GPU, with kvlib's harness (CUDA events, L2 flushed before each
+repetition unless stated, medians), in sections:
+
+- ``preflight``: Python, torch, CUDA, triton and driver versions, the device
+  and its L2, memory from torch and nvidia-smi, the optional features present
+  (SDPA backends, ``enable_gqa``, fp8 dtypes, triton, NVML);
+- ``bandwidth``: device-to-device copies and a pure read, every size at least
+  four L2s (the bandwidth references);
+- ``l2_probe``: a copy inside the L2 and one four L2s large, warm and cold;
+- ``kv_read``: decode attention over a contiguous KV cache, in each SDPA
+  backend and as grouped matrix products (goal: 90% of the read stream);
+- ``paged_kv_read``: the same read through a block table (blocks of 16 and 64);
+- ``decode_sweep``: decode attention over batch and context;
+- ``compute``: bf16 matmuls from decode-like to prefill-like shapes (roofline);
+- ``overhead``: a one-element kernel, warm and cold;
+- ``unsynchronised``: a host clock without ``synchronize`` (the mistake);
+- ``agreement``: kvlib's medians against ``triton.testing.do_bench`` and
+  ``torch.utils.benchmark.Timer``.
+
+The file is rewritten (atomically) after every measurement. Each section runs
+under its own guard: an exception is recorded with its type, message and the
+section's settings, and the next section runs. A section that needs a missing
+feature is skipped with the reason, and no section starts once ``--budget-s``
+is spent. Clocks and throttle reasons are sampled during the heavy sections
+(NVML, else nvidia-smi by PCI bus id). The last line printed is the summary.
+
+``--rehearse`` runs every section on the CPU at tiny sizes through the same
+code, with the device calls (synchronise, memory, clocks, do_bench) swapped
+for CPU stand-ins; the file says ``"rehearsal": true`` and the book refuses
+it. ``--fail-section NAME`` raises inside that section after its first result,
+to show that the rest of the run survives. Exit status: 0 when every section
+ran or was skipped, 1 when one failed, 2 when refused (no GPU and no
+``--rehearse``), 3 when interrupted.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
+import os
+import platform
 import re
+import signal
 import statistics
 import sys
+import threading
 import time
-from collections.abc import Callable
+import traceback
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from datetime import UTC, datetime
 from functools import partial
 from pathlib import Path
 from typing import Any
 
+# The budget counts from here: torch's import and CUDA's start-up are part of the run.
+PROCESS_START = time.monotonic()
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 
-from kvlib.timing import bench, records  # noqa: E402
+from kvlib.timing import bench, records, roofline  # noqa: E402
+from kvlib.timing import devices as dev  # noqa: E402
 from kvlib.timing import workloads as w  # noqa: E402
-from kvlib.timing.devices import cuda_device_facts, nvidia_smi  # noqa: E402
-from kvlib.units import GiB, MiB  # noqa: E402
+from kvlib.units import GiB, KiB, MiB  # noqa: E402
 
-GOAL_KV_READ_OVER_COPY = 0.9
-BUDGET_S = 270.0  # stop starting new measurements after this, to finish under 5 minutes
+GOAL_KV_READ_OVER_STREAM = 0.9
+# Default budget: the whole check, start-up included, ends well inside six minutes.
+BUDGET_S = 300.0
+# What the end of the run needs after the last section starts: the final write and summary.
+_RESERVE_S = 5.0
+# Flushes and "cold" probes are at least this many L2s: neither the L2's partitions nor
+# its replacement policy evict in strict LRU order, so one L2 of traffic is not enough.
+L2_FACTOR = 4
+# Assumed when neither the device nor kvlib.hardware knows the L2: larger than any GPU's.
+UNKNOWN_L2_BYTES = 128 * MiB
 KV_SHAPE = {"heads": 32, "kv_heads": 8, "head_dim": 128, "dtype": "bf16"}  # Llama-3.1-8B
+PAGED_BLOCK_SIZES = (16, 64)  # vLLM's default block size, and DeepSeek-V3.2's in vLLM
+SDPA_BACKENDS = {
+    "sdpa-flash": "FLASH_ATTENTION",
+    "sdpa-efficient": "EFFICIENT_ATTENTION",
+    "sdpa-cudnn": "CUDNN_ATTENTION",
+    "sdpa-math": "MATH",
+}
+SECTIONS = (
+    "preflight",
+    "bandwidth",
+    "l2_probe",
+    "kv_read",
+    "paged_kv_read",
+    "decode_sweep",
+    "compute",
+    "overhead",
+    "unsynchronised",
+    "agreement",
+)
+# Sections long and heavy enough for the clocks to move: sampled while they run.
+HEAVY_SECTIONS = frozenset({"bandwidth", "kv_read", "paged_kv_read", "decode_sweep", "compute"})
+# A section that cannot run at all without a feature is skipped with the reason.
+SECTION_NEEDS = {"paged_kv_read": ("enable_gqa",)}
+
 PROFILES: dict[str, dict[str, Any]] = {
     "full": {
-        "copy_bytes": (32 * MiB, 256 * MiB, GiB, 4 * GiB),
-        "l2_probe_bytes": 16 * MiB,
+        "stream_bytes": (GiB, 4 * GiB),  # copies, after one of four L2s
         "read_bytes": 4 * GiB,
         "kv_read": {"batch": 64, "context_tokens": 8192},  # 2 GiB of K and V
         "decode_sweep": ((1, 8192), (8, 8192), (32, 4096), (128, 2048), (256, 1024)),
@@ -53,247 +117,1049 @@ PROFILES: dict[str, dict[str, Any]] = {
         "square": 8192,
         "agreement_bytes": GiB,
         "rep_s": 0.1,
+        "warmup_s": 0.025,
+        "min_flush_bytes": dev.FALLBACK_FLUSH_BYTES,  # never less than do_bench's 256 MiB
+        "stand_in_l2_bytes": None,
+        "clock_interval_s": 0.5,
     },
-    # For the tests of this script on a CPU: the same code path, tiny sizes.
+    # The rehearsal on a CPU: the same code path at tiny sizes; the "L2" is a stand-in so
+    # that every size is derived from it as on the GPU.
     "tiny": {
-        "copy_bytes": (MiB, 2 * MiB),
-        "l2_probe_bytes": MiB,
-        "read_bytes": MiB,
-        "kv_read": {"batch": 2, "context_tokens": 64},
-        "decode_sweep": ((1, 64),),
+        "stream_bytes": (MiB, 2 * MiB),
+        "read_bytes": 2 * MiB,
+        "kv_read": {"batch": 2, "context_tokens": 128},
+        "decode_sweep": ((1, 128),),
         "matmul_nk": 64,
         "matmul_ms": (1, 64),
         "square": 64,
         "agreement_bytes": MiB,
         "rep_s": 0.002,
+        "warmup_s": 0.001,
+        "min_flush_bytes": 0,
+        "stand_in_l2_bytes": 256 * KiB,
+        "clock_interval_s": 0.01,
     },
 }
 
 
-class Run:
-    """Collects measurements under a time budget."""
+class RehearsedFailure(RuntimeError):
+    """Raised inside the section named by ``--fail-section``."""
 
-    def __init__(self, device: str, rep_s: float, budget_s: float = BUDGET_S) -> None:
-        self.device, self.rep_s = device, rep_s
-        self.deadline = time.monotonic() + budget_s
-        self.measurements: list[dict[str, Any]] = []
-        self.skipped: list[dict[str, str]] = []
 
-    def time(self, name: str, build: Callable[[], Any], settings: dict[str, Any],
-             cache: str = "cold") -> dict[str, Any] | None:  # fmt: skip
-        """Build the workload, time it, record it; a failure is recorded, not raised."""
-        if time.monotonic() > self.deadline:
-            self.skipped.append({"name": name, "reason": "time budget spent"})
+class Interrupted(BaseException):
+    """SIGTERM (the device tool's timeout) or Ctrl-C: end the run, keep the file."""
+
+
+# --------------------------------------------------------------------------- device calls
+
+
+class CudaCalls:
+    """The calls that touch the GPU, in one place so a rehearsal can swap them."""
+
+    rehearsal = False
+
+    def __init__(self, device: str) -> None:
+        self.device = str(dev.resolve_device(device))
+
+    def facts(self) -> dict[str, Any]:
+        return dev.cuda_device_facts(self.device)
+
+    def synchronize(self) -> None:
+        import torch
+
+        torch.cuda.synchronize(self.device)
+
+    def release(self) -> None:
+        """Give cached blocks back to the driver between sections."""
+        import torch
+
+        torch.cuda.empty_cache()
+
+    def mem_get_info(self) -> dict[str, int]:
+        import torch
+
+        free, total = torch.cuda.mem_get_info(self.device)
+        return {"free_bytes": int(free), "total_bytes": int(total)}
+
+    def smi(self, facts: dict[str, Any], fields: str) -> dict[str, str]:
+        return dev.nvidia_smi(facts.get("pci_bus_id") or facts["index"], fields=fields)
+
+    def clock_reader(self, facts: dict[str, Any]) -> tuple[str, Callable[[], dict[str, Any]]]:
+        return dev.clock_reader(str(facts.get("pci_bus_id") or facts["index"]))
+
+    def do_bench(self, fn: Callable[[], object], warmup_ms: int, rep_ms: int) -> float:
+        """Median milliseconds by ``triton.testing.do_bench`` (which flushes 256 MB)."""
+        import triton.testing
+
+        ms = triton.testing.do_bench(fn, warmup=warmup_ms, rep=rep_ms, quantiles=[0.5])
+        return float(ms[0] if isinstance(ms, list | tuple) else ms)
+
+
+class RehearsalCalls(CudaCalls):
+    """CPU stand-ins for :class:`CudaCalls`; every reading says it is a rehearsal."""
+
+    rehearsal = True
+
+    def __init__(self, device: str = "cpu") -> None:
+        self.device = "cpu"
+
+    def facts(self) -> dict[str, Any]:
+        return {
+            "type": "cpu",
+            "name": dev.device_name("cpu"),
+            "rehearsal": True,
+            "index": 0,
+            "pci_bus_id": None,
+            "driver": None,
+        }
+
+    def synchronize(self) -> None:
+        """The CPU has finished when its call returns."""
+
+    def release(self) -> None:
+        """Nothing is cached on the CPU."""
+
+    def mem_get_info(self) -> dict[str, int]:
+        pages, size = os.sysconf("SC_AVPHYS_PAGES"), os.sysconf("SC_PAGE_SIZE")
+        return {"free_bytes": pages * size, "total_bytes": os.sysconf("SC_PHYS_PAGES") * size}
+
+    def smi(self, facts: dict[str, Any], fields: str) -> dict[str, str]:
+        return {"rehearsal": "no nvidia-smi on a rehearsal"}
+
+    def clock_reader(self, facts: dict[str, Any]) -> tuple[str, Callable[[], dict[str, Any]]]:
+        started = time.monotonic()
+
+        def read() -> dict[str, Any]:
+            return {
+                "t_s": round(time.monotonic() - started, 3),
+                "sm_mhz": None,
+                "mem_mhz": None,
+                "temperature_c": None,
+                "power_w": None,
+                "reasons": None,
+            }
+
+        return "rehearsal (no GPU clocks)", read
+
+    def do_bench(self, fn: Callable[[], object], warmup_ms: int, rep_ms: int) -> float:
+        """A host-clock stand-in for do_bench, so the agreement code runs on a CPU."""
+        times_ms, deadline = [], time.perf_counter() + rep_ms / 1e3
+        while time.perf_counter() < deadline or len(times_ms) < 5:
+            start = time.perf_counter()
+            fn()
+            times_ms.append((time.perf_counter() - start) * 1e3)
+        return statistics.median(times_ms)
+
+
+# --------------------------------------------------------------------------- the file
+
+
+def write_json_atomic(path: Path, doc: dict[str, Any]) -> None:
+    """Write ``doc`` to a temporary file beside ``path``, then rename it over ``path``.
+
+    A reader (or a run killed mid-write) sees the old file or the new one, never half.
+    """
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    with open(tmp, "w") as fh:
+        fh.write(json.dumps(doc, indent=1, default=str) + "\n")
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+
+
+class ClockSampler:
+    """Reads the clocks every ``interval_s`` on a thread while a section runs."""
+
+    MAX_SAMPLES = 240
+
+    def __init__(self, read: Callable[[], dict[str, Any]], source: str, interval_s: float):
+        self.read, self.source, self.interval_s = read, source, interval_s
+        self.samples: list[dict[str, Any]] = []
+        self.errors: list[str] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+
+    def _loop(self) -> None:
+        while not self._stop.is_set() and len(self.samples) < self.MAX_SAMPLES:
+            try:
+                self.samples.append(self.read())
+            except Exception as exc:  # a failed reading must never fail the section
+                self.errors.append(f"{type(exc).__name__}: {exc}"[:200])
+                if len(self.errors) > 3:
+                    return
+            self._stop.wait(self.interval_s)
+
+    def __enter__(self) -> ClockSampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+
+    def summary(self) -> dict[str, Any]:
+        """Min, median and max of each reading, and every reason the clocks were held down."""
+        out: dict[str, Any] = {
+            "source": self.source,
+            "samples": len(self.samples),
+            "interval_s": self.interval_s,
+        }
+        for key in ("sm_mhz", "mem_mhz", "temperature_c", "power_w"):
+            values = [s[key] for s in self.samples if isinstance(s.get(key), int | float)]
+            if values:
+                out[key] = {
+                    "min": min(values),
+                    "median": statistics.median(values),
+                    "max": max(values),
+                }
+        reasons = {r for s in self.samples for r in (s.get("reasons") or [])}
+        out["reasons_seen"] = sorted(reasons)
+        if self.errors:
+            out["errors"] = self.errors
+        out["readings"] = self.samples
+        return out
+
+
+class Check:
+    """One run of the check: the document, its file, the budget, the failure to inject."""
+
+    def __init__(
+        self,
+        calls: CudaCalls,
+        profile: str,
+        out: Path,
+        budget_s: float,
+        fail_section: str | None = None,
+        argv: list[str] | None = None,
+        started: float | None = None,
+    ) -> None:
+        self.calls, self.out, self.p = calls, out, PROFILES[profile]
+        self.started = time.monotonic() if started is None else started
+        self.deadline = self.started + budget_s - _RESERVE_S
+        self.fail_section = fail_section
+        self.current: str | None = None
+        # Replaced by the preflight's facts; enough for the file to say what ran it if not.
+        self.facts: dict[str, Any] = {
+            "type": "cpu" if calls.rehearsal else "cuda",
+            "name": device_label(calls),
+            "rehearsal": calls.rehearsal,
+        }
+        self.features: dict[str, Any] = {}
+        self.sizes: dict[str, Any] = {}
+        self.doc: dict[str, Any] = {
+            "schema": records.SCHEMA,
+            "rehearsal": calls.rehearsal,
+            "status": "running",
+            "date": datetime.now(UTC).isoformat(timespec="seconds"),
+            "argv": argv or [],
+            "profile": profile,
+            "budget_s": budget_s,
+            "device": self.facts,
+            "datasheet": None,
+            "preflight": {},
+            "sizes": self.sizes,
+            "harness": {
+                "rep_s": self.p["rep_s"],
+                "warmup_s": self.p["warmup_s"],
+                "cache": "cold unless stated",
+                "statistic": "median; p20 and p80 beside it",
+            },
+            "sections": {name: {"status": "pending"} for name in SECTIONS},
+            "measurements": [],
+            "failed_measurements": [],
+            "skipped": [],
+            "results": {},
+            "summary": {},
+            "elapsed_s": 0.0,
+        }
+
+    # The file ------------------------------------------------------------------------
+
+    def save(self) -> None:
+        """Recompute the summary and rewrite the file: it is valid JSON after every step."""
+        self.doc["elapsed_s"] = round(time.monotonic() - self.started, 3)
+        copies = [m for m in self.doc["measurements"] if m["name"].startswith("copy/")]
+        largest = max(copies, key=lambda m: m["settings"]["bytes_copied"], default=None)
+        self.doc["summary"] = records.summarise(
+            self.doc["measurements"],
+            largest["name"] if largest else "copy/none",
+            GOAL_KV_READ_OVER_STREAM,
+        )
+        write_json_atomic(self.out, self.doc)
+
+    def result(self) -> None:
+        """Save after a result; inside the ``--fail-section`` section, then raise."""
+        self.save()
+        if self.current is not None and self.current == self.fail_section:
+            self.fail_section = None  # once
+            raise RehearsedFailure(
+                f"--fail-section {self.current}: raised after its first "
+                "result, to check that the other sections survive"
+            )
+
+    def out_of_time(self) -> bool:
+        return time.monotonic() > self.deadline
+
+    def settings(self, values: dict[str, Any]) -> None:
+        """Record the current section's settings before it does any work."""
+        assert self.current is not None
+        self.doc["sections"][self.current]["settings"] = values
+        self.save()
+
+    # Measurements ----------------------------------------------------------------------
+
+    def skip(self, name: str, reason: str) -> None:
+        self.doc["skipped"].append({"name": name, "section": self.current, "reason": reason})
+        self.save()
+
+    def time(
+        self, name: str, build: Callable[[], Any], settings: dict[str, Any], cache: str = "cold"
+    ) -> dict[str, Any] | None:
+        """Build the workload, time it, record it; its failure is recorded, not raised."""
+        if self.out_of_time():
+            self.skip(name, "time budget spent (--budget-s)")
             return None
         try:
             workload = build()
-            result = bench(workload.fn, device=self.device, cache=cache, rep_s=self.rep_s)
-        except (RuntimeError, ValueError, MemoryError) as exc:
-            self.skipped.append({"name": name, "reason": f"{type(exc).__name__}: {exc}"[:300]})
+            result = bench(
+                workload.fn,
+                device=self.calls.device,
+                cache=cache,
+                rep_s=self.p["rep_s"],
+                warmup_s=self.p["warmup_s"],
+                flush_bytes=self.sizes.get("flush_bytes"),
+            )
+            record = records.measurement_record(name, workload, result, settings)
+        except Exception as exc:
+            self.doc["failed_measurements"].append(
+                {
+                    "name": name,
+                    "section": self.current,
+                    "settings": settings,
+                    "type": type(exc).__name__,
+                    "message": str(exc)[:500],
+                }
+            )
+            self.save()
+            self._release()  # after an out-of-memory error, the next measurement starts clean
             return None
-        record = records.measurement_record(name, workload, result, settings)
-        self.measurements.append(record)
-        del workload  # free the device memory before the next measurement
+        finally:
+            workload = None  # free the device memory before the next measurement
+        record["section"] = self.current
+        if self.calls.rehearsal:
+            record["rehearsal"] = True
+        self.doc["measurements"].append(record)
+        self.result()
         return record
 
+    def _release(self) -> None:
+        try:
+            self.calls.release()
+        except Exception as exc:
+            self.doc.setdefault("release_errors", []).append(f"{type(exc).__name__}: {exc}")
 
-def _sdpa_backend(impl: str) -> Callable[[Any], Any]:
-    """Wrap a workload so that scaled_dot_product_attention may use one backend only."""
+    def needs(self, feature: str) -> str | None:
+        """None when ``feature`` is present, else why not (from the preflight)."""
+        found = self.features.get(feature)
+        if found is None:
+            return None  # unknown (the preflight failed): try, and let the guard record it
+        if found.get("available"):
+            return None
+        return f"{feature} not available: {found.get('reason', 'absent')}"
+
+
+# --------------------------------------------------------------------------- sections
+
+
+def _probe(fn: Callable[[], Any]) -> Any:
+    """``fn()``, or ``{"error": ...}``: one missing fact never loses the others."""
+    try:
+        return fn()
+    except Exception as exc:
+        return {"error": f"{type(exc).__name__}: {exc}"[:300]}
+
+
+def _feature(fn: Callable[[], object]) -> dict[str, Any]:
+    """``{"available": True}`` if ``fn()`` runs, else False with the reason."""
+    try:
+        fn()
+    except Exception as exc:
+        return {"available": False, "reason": f"{type(exc).__name__}: {exc}"[:300]}
+    return {"available": True}
+
+
+def _tiny_sdpa(device: str, backend: str | None = None, gqa: bool = True) -> None:
+    import torch
+    import torch.nn.functional as F
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    backend = {"sdpa-flash": SDPBackend.FLASH_ATTENTION,
-               "sdpa-efficient": SDPBackend.EFFICIENT_ATTENTION,
-               "sdpa-cudnn": SDPBackend.CUDNN_ATTENTION}[impl]  # fmt: skip
-
-    def wrap(workload: Any) -> Any:
-        def fn() -> object:
-            with sdpa_kernel(backend):
-                return workload.fn()
-
-        fn()  # an unsupported backend raises here, before any timing
-        return w.Workload(workload.name, fn, workload.bytes_moved, workload.flops,
-                          f"{workload.description}, {impl}")  # fmt: skip
-
-    return wrap
+    kind = torch.float32 if device == "cpu" else torch.bfloat16
+    q = torch.randn(1, 2 if gqa else 1, 1, 64, dtype=kind, device=device)
+    k = torch.randn(1, 1, 16, 64, dtype=kind, device=device)
+    if backend is None:
+        F.scaled_dot_product_attention(q, k, k, enable_gqa=gqa)
+        return
+    with sdpa_kernel(getattr(SDPBackend, backend)):
+        F.scaled_dot_product_attention(q, k, k, enable_gqa=gqa)
 
 
-def bandwidth_section(run: Run, p: dict[str, Any]) -> None:
-    for size in p["copy_bytes"]:
-        settings = {"bytes_copied": size, "counting": "read + write (2N)"}
-        run.time(f"copy/{size}", partial(w.copy, size, run.device), settings)
-    probe = p["l2_probe_bytes"]
-    for cache in ("warm", "cold"):
-        run.time(f"l2-probe/{cache}", lambda: w.copy(probe, run.device),
-                 {"bytes_copied": probe, "cache": cache}, cache=cache)  # fmt: skip
-    run.time("read", lambda: w.read(p["read_bytes"], run.device), {"bytes": p["read_bytes"]})
+def _fp8() -> dict[str, Any]:
+    import torch
+
+    names = [n for n in ("float8_e4m3fn", "float8_e5m2") if hasattr(torch, n)]
+    if not names:
+        return {"available": False, "reason": "this torch has no float8 dtypes"}
+    return {"available": True, "dtypes": names}
 
 
-def kv_read_section(run: Run, p: dict[str, Any]) -> None:
-    shape = {**KV_SHAPE, **p["kv_read"]}
-    for impl in ("sdpa", "matmul", "sdpa-flash", "sdpa-efficient", "sdpa-cudnn"):
+def _triton() -> dict[str, Any]:
+    try:
+        import triton
+    except ImportError as exc:
+        return {"available": False, "reason": f"triton not importable: {exc}"}
+    return {"available": True, "version": triton.__version__}
+
+
+def _nvml() -> dict[str, Any]:
+    try:
+        import pynvml  # type: ignore[import-not-found]  # from nvidia-ml-py, optional
+    except ImportError:
+        return {"available": False, "reason": "nvidia-ml-py (pynvml) not installed"}
+    return {"available": True, "module": getattr(pynvml, "__file__", "pynvml")}
+
+
+def _nvml_driver() -> str | None:
+    """The driver version as NVML reports it, or None without nvidia-ml-py."""
+    try:
+        import pynvml
+    except ImportError:
+        return None
+    pynvml.nvmlInit()
+    version = pynvml.nvmlSystemGetDriverVersion()
+    return version.decode() if isinstance(version, bytes) else str(version)
+
+
+def _l2_bytes(check: Check) -> tuple[int, str]:
+    """The L2 every size is derived from, and where it came from."""
+    stand_in = check.p["stand_in_l2_bytes"]
+    if stand_in is not None:
+        return int(stand_in), "rehearsal stand-in"
+    if isinstance(check.facts.get("l2_bytes"), int) and check.facts["l2_bytes"] > 0:
+        return int(check.facts["l2_bytes"]), "cudaDeviceProp.l2CacheSize"
+    from kvlib.hardware import gpu_from_torch_name
+
+    try:
+        known = gpu_from_torch_name(str(check.facts.get("name"))).l2_bytes
+    except KeyError:
+        known = None
+    if known:
+        return int(known), "kvlib.hardware row"
+    return UNKNOWN_L2_BYTES, "unknown: assumed"
+
+
+def plan_sizes(p: dict[str, Any], l2_bytes: int) -> dict[str, Any]:
+    """Flush, stream and probe sizes for an L2 of ``l2_bytes``: at least four L2s each."""
+    floor = L2_FACTOR * l2_bytes
+    streams = sorted({floor, *(size for size in p["stream_bytes"] if size > floor)})
+    return {
+        "l2_bytes": l2_bytes,
+        "flush_bytes": max(floor, p["min_flush_bytes"]),
+        "copy_bytes": streams,
+        "read_bytes": max(p["read_bytes"], floor),
+        "probe_in_l2_bytes": l2_bytes // 4,
+        "probe_cold_bytes": floor,
+        "agreement_bytes": max(p["agreement_bytes"], floor),
+    }
+
+
+def ensure_sizes(check: Check) -> None:
+    """Sizes from the device's L2 if the preflight did not get as far as planning them."""
+    if "flush_bytes" in check.sizes:
+        return
+    try:
+        l2, source = _l2_bytes(check)
+    except Exception as exc:
+        l2, source = UNKNOWN_L2_BYTES, f"unknown ({type(exc).__name__}): assumed"
+    check.sizes.update(plan_sizes(check.p, l2), l2_source=source)
+
+
+def preflight(check: Check) -> None:
+    """Versions, device, memory and features, written first."""
+    import torch
+
+    calls = check.calls
+    check.settings(
+        {
+            "device": calls.device,
+            "profile": check.doc["profile"],
+            "sdpa_backends": list(SDPA_BACKENDS),
+        }
+    )
+    check.facts.update(calls.facts())
+    pre: dict[str, Any] = check.doc["preflight"]
+    pre["python"] = {"version": platform.python_version(), "executable": sys.executable}
+    pre["torch"] = {
+        "version": torch.__version__,
+        "cuda": torch.version.cuda,
+        "cudnn": _probe(torch.backends.cudnn.version),
+    }
+    pre["numpy"] = _probe(lambda: __import__("numpy").__version__)
+    pre["cuda_visible_devices"] = os.environ.get("CUDA_VISIBLE_DEVICES")
+    pre["device"] = dict(check.facts)
+    pre["driver"] = {
+        "nvidia_smi": check.facts.get("driver"),
+        "nvml": _probe(_nvml_driver),
+        "cuda_driver_api": _probe(lambda: torch._C._cuda_getDriverVersion()),
+    }
+    if not calls.rehearsal:
+        props = torch.cuda.get_device_properties(calls.device)
+        pre["device_properties"] = {
+            k: _probe(partial(getattr, props, k)) for k in dir(props) if not k.startswith("_")
+        }
+    pre["memory"] = {
+        "torch_mem_get_info": _probe(calls.mem_get_info),
+        "nvidia_smi": _probe(
+            lambda: calls.smi(check.facts, "memory.total,memory.used,memory.free")
+        ),
+    }
+    l2, source = _l2_bytes(check)
+    check.sizes.update(plan_sizes(check.p, l2), l2_source=source)
+    check.result()  # versions and sizes are on file before any feature is probed
+    device = calls.device
+    feats: dict[str, Any] = {"enable_gqa": _feature(partial(_tiny_sdpa, device))}
+    for impl, backend in SDPA_BACKENDS.items():
+        feats[impl] = _feature(partial(_tiny_sdpa, device, backend, gqa=False))
+    feats.update(fp8=_fp8(), triton=_triton(), nvml=_nvml())
+    check.features.update(feats)
+    pre["features"] = feats
+    _datasheet(check)
+    check.result()
+
+
+def _datasheet(check: Check) -> None:
+    from kvlib.hardware import gpu_from_torch_name
+
+    if check.calls.rehearsal:
+        return
+    try:
+        spec = gpu_from_torch_name(str(check.facts["name"]))
+    except KeyError:
+        return
+    check.doc["datasheet"] = {
+        "gpu": spec.name,
+        "source": spec.source,
+        "hbm_bandwidth_bytes_per_s": spec.hbm_bandwidth_bytes_per_s,
+        "bf16_dense_flops_per_s": spec.bf16_dense_flops_per_s,
+    }
+
+
+def bandwidth(check: Check) -> None:
+    s = check.sizes
+    check.settings(
+        {
+            "copy_bytes": s["copy_bytes"],
+            "read_bytes": s["read_bytes"],
+            "flush_bytes": s["flush_bytes"],
+            "counting": "copy 2N, read N",
+        }
+    )
+    for size in s["copy_bytes"]:
+        check.time(
+            f"copy/{size}",
+            partial(w.copy, size, check.calls.device),
+            {"bytes_copied": size, "counting": "read + write (2N)"},
+        )
+    check.time(
+        "read",
+        partial(w.read, s["read_bytes"], check.calls.device),
+        {"bytes": s["read_bytes"], "counting": "read (N)"},
+    )
+
+
+def l2_probe(check: Check) -> None:
+    """A copy that fits in the L2 and one four L2s large, each warm and cold: the L2 at work."""
+    s = check.sizes
+    sizes = {"in-l2": s["probe_in_l2_bytes"], "beyond-l2": s["probe_cold_bytes"]}
+    check.settings({**{f"{k}_bytes": v for k, v in sizes.items()}, "l2_bytes": s["l2_bytes"]})
+    for label, size in sizes.items():
+        for cache in ("warm", "cold"):
+            check.time(
+                f"l2-probe/{label}/{cache}",
+                partial(w.copy, size, check.calls.device),
+                {"bytes_copied": size, "cache": cache},
+                cache=cache,
+            )
+
+
+def _sdpa_backend(impl: str, workload: w.Kernel) -> w.Kernel:
+    """The workload with ``scaled_dot_product_attention`` held to one backend."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    backend = getattr(SDPBackend, SDPA_BACKENDS[impl])
+
+    def fn() -> object:
+        with sdpa_kernel(backend):
+            return workload.fn()
+
+    fn()  # an unsupported shape raises here, before any timing
+    return w.Kernel(
+        workload.name, fn, workload.bytes_moved, workload.flops, f"{workload.description}, {impl}"
+    )
+
+
+def kv_read(check: Check) -> None:
+    shape = {**KV_SHAPE, **check.p["kv_read"]}
+    impls = ("sdpa", "matmul", "sdpa-flash", "sdpa-efficient", "sdpa-cudnn")
+    check.settings({**shape, "impls": impls})
+    for impl in impls:
+        name = f"kv-read/{impl}"
+        missing = check.needs("enable_gqa") if impl != "matmul" else None
+        missing = missing or (check.needs(impl) if impl.startswith("sdpa-") else None)
+        if missing:
+            check.skip(name, missing)
+            continue
         base = "matmul" if impl == "matmul" else "sdpa"
 
-        def build(impl: str = impl, base: str = base) -> Any:
-            workload = w.decode_attention(**shape, device=run.device, impl=base)
-            return workload if impl in ("sdpa", "matmul") else _sdpa_backend(impl)(workload)
+        def build(impl: str = impl, base: str = base) -> w.Kernel:
+            workload = w.decode_attention(**shape, device=check.calls.device, impl=base)
+            return workload if impl in ("sdpa", "matmul") else _sdpa_backend(impl, workload)
 
-        run.time(f"kv-read/{impl}", build, {**shape, "impl": impl})
-    for batch, context in p["decode_sweep"]:
+        check.time(name, build, {**shape, "impl": impl})
+
+
+def paged_decode_attention(
+    batch: int,
+    context_tokens: int,
+    heads: int,
+    kv_heads: int,
+    head_dim: int,
+    dtype: str,
+    block_size: int,
+    device: str,
+) -> w.Kernel:
+    """Decode attention reading K and V through a block table, as a paged cache is read.
+
+    The pool is vLLM's FlashAttention layout, ``(num_blocks, block_size, H_kv,
+    d)`` (``vllm/v1/attention/backends/flash_attn.py``, ``get_kv_cache_shape``);
+    each sequence's blocks are drawn at random from it, as a pool in use scatters
+    them. ``fn`` gathers the blocks in table order and calls
+    ``scaled_dot_product_attention``: torch has no kernel that reads blocks in
+    place (vLLM's ``paged_attention_v1`` and FlashAttention's ``block_table``
+    do), so the gather's write and re-read are part of the time. Bytes moved
+    are the minimum a paged kernel needs: the cache once, the query and output,
+    and the block table (int64).
+    """
+    import torch
+    import torch.nn.functional as F
+
+    if context_tokens % block_size:
+        raise ValueError(
+            f"context_tokens ({context_tokens}) must be a multiple of "
+            f"block_size ({block_size}) for whole blocks"
+        )
+    kind = w.torch_dtype(dtype)
+    where = dev.resolve_device(device)
+    blocks = context_tokens // block_size
+    pool_k = torch.randn(batch * blocks, block_size, kv_heads, head_dim, dtype=kind, device=where)
+    pool_v = torch.randn_like(pool_k)  # (num_blocks, B_s, H_kv, d)
+    table = torch.randperm(batch * blocks, device=where).view(batch, blocks)  # (B, blocks)
+    q = torch.randn(batch, heads, 1, head_dim, dtype=kind, device=where)  # (B, H, 1, d)
+    gqa = heads > kv_heads
+
+    def fn() -> object:
+        k = pool_k[table].view(batch, context_tokens, kv_heads, head_dim).transpose(1, 2)
+        v = pool_v[table].view(batch, context_tokens, kv_heads, head_dim).transpose(1, 2)
+        return F.scaled_dot_product_attention(q, k, v, enable_gqa=gqa)  # k, v: (B, H_kv, T, d)
+
+    moved = (
+        roofline.decode_attention_bytes(
+            batch, heads, kv_heads, context_tokens, head_dim, int(kind.itemsize)
+        )
+        + table.numel() * 8
+    )
+    flops = roofline.decode_attention_flops(batch, heads, context_tokens, head_dim)
+    text = (
+        f"paged decode attention (gather + sdpa): batch {batch}, {context_tokens:,} cached "
+        f"tokens in blocks of {block_size}, {heads} heads / {kv_heads} KV heads of "
+        f"{head_dim}, {dtype}"
+    )
+    return w.Kernel("paged-decode-attention", fn, moved, flops, text)
+
+
+def paged_kv_read(check: Check) -> None:
+    shape = {**KV_SHAPE, **check.p["kv_read"]}
+    check.settings({**shape, "block_sizes": PAGED_BLOCK_SIZES, "impl": "gather + sdpa"})
+    for block in PAGED_BLOCK_SIZES:
+        settings = {**shape, "block_size": block, "impl": "gather + sdpa"}
+        check.time(
+            f"kv-read-paged/{block}",
+            partial(paged_decode_attention, **shape, block_size=block, device=check.calls.device),
+            settings,
+        )
+
+
+def decode_sweep(check: Check) -> None:
+    check.settings({**KV_SHAPE, "batch_x_context": check.p["decode_sweep"], "impl": "sdpa"})
+    for batch, context in check.p["decode_sweep"]:
         settings = {**KV_SHAPE, "batch": batch, "context_tokens": context, "impl": "sdpa"}
-        build = partial(w.decode_attention, **settings, device=run.device)
-        run.time(f"decode/{batch}x{context}", build, settings)
+        check.time(
+            f"decode/{batch}x{context}",
+            partial(w.decode_attention, **settings, device=check.calls.device),
+            settings,
+        )
 
 
-def compute_section(run: Run, p: dict[str, Any]) -> None:
-    nk = p["matmul_nk"]
-    for m in p["matmul_ms"]:
+def compute(check: Check) -> None:
+    nk, sq = check.p["matmul_nk"], check.p["square"]
+    check.settings({"m": check.p["matmul_ms"], "n": nk, "k": nk, "square": sq, "dtype": "bf16"})
+    for m in check.p["matmul_ms"]:
         settings = {"m": m, "n": nk, "k": nk, "dtype": "bf16"}
-        run.time(f"matmul/{m}", partial(w.matmul, **settings, device=run.device), settings)
-    sq = p["square"]
+        check.time(
+            f"matmul/{m}", partial(w.matmul, **settings, device=check.calls.device), settings
+        )
     settings = {"m": sq, "n": sq, "k": sq, "dtype": "bf16"}
-    run.time("matmul-peak", lambda: w.matmul(**settings, device=run.device), settings)
+    check.time("matmul-peak", partial(w.matmul, **settings, device=check.calls.device), settings)
 
 
-def _built(workload: Any) -> Any:
-    return workload
+def _tiny_kernel(device: str) -> w.Kernel:
+    import torch
+
+    x = torch.zeros(1, device=device)
+    return w.Kernel("tiny", partial(x.add_, 1), 8, 1, "x.add_(1) on one float32")
 
 
-def overhead_section(run: Run) -> dict[str, Any]:
+def overhead(check: Check) -> None:
     """A one-element kernel: warm (host launch gaps inside the events) and cold (hidden)."""
-    import torch
-
-    out: dict[str, Any] = {}
+    check.settings({"elements": 1, "caches": ("warm", "cold")})
+    out: dict[str, Any] = check.doc["results"].setdefault("overhead", {})
     for cache in ("warm", "cold"):
-        x = torch.zeros(1, device=run.device)
-        tiny = w.Workload("tiny", partial(x.add_, 1), 8, 1, "x.add_(1) on one float32")
-        record = run.time(f"tiny/{cache}", partial(_built, tiny), {"elements": 1}, cache=cache)
+        record = check.time(
+            f"tiny/{cache}", partial(_tiny_kernel, check.calls.device), {"elements": 1}, cache=cache
+        )
         out[f"tiny_kernel_{cache}_median_s"] = None if record is None else record["median_s"]
-    return out
 
 
-def unsynchronised(run: Run, size: int) -> dict[str, Any]:
+def unsynchronised(check: Check) -> None:
     """Host clock around one launch, without and with ``synchronize``: the classic mistake."""
-    import torch
-
-    on_gpu = run.device.startswith("cuda")
-    copy = w.copy(size, run.device)
+    size = check.sizes["agreement_bytes"]
+    check.settings({"bytes_copied": size, "launches": 20})
+    copy = w.copy(size, check.calls.device)
     copy.fn()
-    if on_gpu:
-        torch.cuda.synchronize(run.device)
+    check.calls.synchronize()
     launches, synced = [], []
     for _ in range(20):
         start = time.perf_counter()
         copy.fn()
         launches.append(time.perf_counter() - start)
-        if on_gpu:
-            torch.cuda.synchronize(run.device)
+        check.calls.synchronize()
         synced.append(time.perf_counter() - start)
-    return {"bytes_copied": size, "host_median_without_sync_s": statistics.median(launches),
-            "host_median_with_sync_s": statistics.median(synced)}  # fmt: skip
+    check.doc["results"]["unsynchronised"] = {
+        "bytes_copied": size,
+        "host_median_without_sync_s": statistics.median(launches),
+        "host_median_with_sync_s": statistics.median(synced),
+        "clock": "perf_counter (host)",
+    }
+    check.result()
 
 
-def agreement(run: Run, size: int) -> dict[str, Any]:
+def agreement(check: Check) -> None:
     """kvlib's medians over triton's do_bench (cold) and torch's Timer (warm), same copy."""
     from torch.utils.benchmark import Timer
 
-    copy = w.copy(size, run.device)
-    out: dict[str, Any] = {"bytes_copied": size}
-    timer_ratios = []
-    for _ in range(3):
-        ours = bench(copy.fn, device=run.device, cache="warm", rep_s=run.rep_s)
-        theirs = Timer("fn()", globals={"fn": copy.fn}).blocked_autorange(min_run_time=run.rep_s)
-        timer_ratios.append(ours.median_s / theirs.median)
-    out["over_torch_timer_warm"] = statistics.median(timer_ratios)
-    try:
-        import triton.testing
-    except ImportError:
-        out["over_triton_do_bench_cold"] = None
-        out["triton"] = "not installed"
-        return out
+    size, rep_s = check.sizes["agreement_bytes"], check.p["rep_s"]
+    check.settings({"bytes_copied": size, "repeats": 3, "do_bench": "warmup=25, rep=100 (ms)"})
+    copy = w.copy(size, check.calls.device)
+    out: dict[str, Any] = check.doc["results"].setdefault("agreement", {"bytes_copied": size})
     ratios = []
     for _ in range(3):
-        ours = bench(copy.fn, device=run.device, rep_s=run.rep_s)
-        ms = triton.testing.do_bench(copy.fn, warmup=25, rep=100, quantiles=[0.5])
-        ms = ms[0] if isinstance(ms, list | tuple) else ms
-        ratios.append(ours.median_s / (float(ms) / 1e3))
+        ours = bench(
+            copy.fn,
+            device=check.calls.device,
+            cache="warm",
+            rep_s=rep_s,
+            warmup_s=check.p["warmup_s"],
+        )
+        theirs = Timer("fn()", globals={"fn": copy.fn}).blocked_autorange(min_run_time=rep_s)
+        ratios.append(ours.median_s / theirs.median)
+    out["over_torch_timer_warm"] = statistics.median(ratios)
+    check.result()
+    missing = check.needs("triton")
+    if missing and not check.calls.rehearsal:
+        out["over_triton_do_bench_cold"] = None
+        out["triton"] = missing
+        check.save()
+        return
+    warmup_ms, rep_ms = (25, 100) if not check.calls.rehearsal else (1, 5)
+    ratios = []
+    for _ in range(3):
+        ours = bench(
+            copy.fn,
+            device=check.calls.device,
+            rep_s=rep_s,
+            warmup_s=check.p["warmup_s"],
+            flush_bytes=check.sizes["flush_bytes"],
+        )
+        ratios.append(ours.median_s / (check.calls.do_bench(copy.fn, warmup_ms, rep_ms) / 1e3))
     out["over_triton_do_bench_cold"] = statistics.median(ratios)
-    return out
+    out["triton"] = "do_bench stand-in (rehearsal)" if check.calls.rehearsal else "do_bench"
+    check.save()
 
 
-def run_checks(device: str, profile: str = "full") -> dict[str, Any]:
-    """Every measurement on ``device`` as one JSON-ready dict (tests use ``profile='tiny'``)."""
-    from kvlib.hardware import gpu_from_torch_name
-    from kvlib.timing.devices import device_name
+SECTION_FUNCTIONS: dict[str, Callable[[Check], None]] = {
+    "preflight": preflight,
+    "bandwidth": bandwidth,
+    "l2_probe": l2_probe,
+    "kv_read": kv_read,
+    "paged_kv_read": paged_kv_read,
+    "decode_sweep": decode_sweep,
+    "compute": compute,
+    "overhead": overhead,
+    "unsynchronised": unsynchronised,
+    "agreement": agreement,
+}
 
-    p = PROFILES[profile]
-    started = time.monotonic()
-    on_gpu = device.startswith("cuda")
-    facts = cuda_device_facts(device) if on_gpu else {"type": "cpu", "name": device_name(device)}
+
+# --------------------------------------------------------------------------- the run
+
+
+@contextmanager
+def _sampled(check: Check, name: str) -> Iterator[ClockSampler | None]:
+    """Clock readings on a thread while a heavy section runs; none for the light ones."""
+    if name not in HEAVY_SECTIONS:
+        yield None
+        return
     try:
-        spec = gpu_from_torch_name(facts["name"]) if on_gpu else None
-    except KeyError:
-        spec = None
-    run = Run(device, p["rep_s"])
-    doc: dict[str, Any] = {
-        "schema": records.SCHEMA,
-        "date": datetime.now(UTC).isoformat(timespec="seconds"),
-        "device": facts,
-        "clocks_before": nvidia_smi(int(facts.get("index", 0))) if on_gpu else None,
-        "datasheet": None if spec is None else {
-            "gpu": spec.name, "hbm_bandwidth_bytes_per_s": spec.hbm_bandwidth_bytes_per_s,
-            "bf16_dense_flops_per_s": spec.bf16_dense_flops_per_s, "source": spec.source},
-        "harness": {"rep_s": p["rep_s"], "warmup_s": 0.025, "cache": "cold unless stated",
-                    "statistic": "median; p20 and p80 beside it"},
-        "profile": profile,
-    }  # fmt: skip
-    for section in (bandwidth_section, kv_read_section, compute_section):
-        section(run, p)
-    doc["overhead"] = overhead_section(run)
-    doc["unsynchronised"] = unsynchronised(run, p["agreement_bytes"])
-    doc["agreement"] = agreement(run, p["agreement_bytes"])
-    doc["measurements"] = run.measurements
-    doc["skipped"] = run.skipped
-    doc["summary"] = records.summarise(
-        run.measurements, f"copy/{max(p['copy_bytes'])}", GOAL_KV_READ_OVER_COPY
+        source, read = check.calls.clock_reader(check.facts)
+    except Exception as exc:
+        check.doc["sections"][name]["clocks"] = {"error": f"{type(exc).__name__}: {exc}"}
+        yield None
+        return
+    with ClockSampler(read, source, check.p["clock_interval_s"]) as sampler:
+        yield sampler
+
+
+def run_section(check: Check, name: str) -> None:
+    """Run one section under its own guard: an exception is recorded, never raised."""
+    entry: dict[str, Any] = check.doc["sections"][name]
+    if check.out_of_time():
+        entry.update(status="skipped", reason="time budget spent (--budget-s)")
+        check.save()
+        return
+    missing = [r for r in (check.needs(f) for f in SECTION_NEEDS.get(name, ())) if r]
+    if missing:
+        entry.update(status="skipped", reason="; ".join(missing))
+        check.save()
+        return
+    check.current = name
+    entry.update(status="running", started_s=round(time.monotonic() - check.started, 3))
+    check.save()
+    started = time.monotonic()
+    try:
+        if name != "preflight":
+            ensure_sizes(check)
+        with _sampled(check, name) as sampler:
+            try:
+                SECTION_FUNCTIONS[name](check)
+            finally:
+                if sampler is not None:
+                    sampler.stop()
+                    entry["clocks"] = sampler.summary()
+        entry["status"] = "ok"
+    except (Interrupted, KeyboardInterrupt) as exc:
+        entry.update(status="interrupted", reason=f"{type(exc).__name__}: {exc}")
+        raise
+    except Exception as exc:
+        entry.update(
+            status="failed",
+            error={
+                "type": type(exc).__name__,
+                "message": str(exc)[:1000],
+                "settings": entry.get("settings"),
+                "traceback": traceback.format_exc(limit=6)[-2000:],
+            },
+        )
+        print(
+            f"gpu_check: section {name} failed: {type(exc).__name__}: {exc}"[:400],
+            file=sys.stderr,
+            flush=True,
+        )
+    finally:
+        entry["elapsed_s"] = round(time.monotonic() - started, 3)
+        check.current = None
+        check._release()
+        check.save()
+
+
+def run_checks(check: Check) -> dict[str, Any]:
+    """Every section in order; the document as it was last written."""
+    for name in SECTIONS:
+        run_section(check, name)
+    check.doc["status"] = "complete"
+    check.save()
+    return check.doc
+
+
+def summary_line(doc: dict[str, Any], path: Path | str) -> str:
+    """One line: the device, which sections ran, failed and were skipped, and the KV goal."""
+    sections = doc.get("sections", {})
+    by: dict[str, list[str]] = {}
+    for name, entry in sections.items():
+        by.setdefault(entry.get("status", "?"), []).append(name)
+    failed = [
+        f"{n} ({sections[n].get('error', {}).get('type', '?')})" for n in by.get("failed", [])
+    ]
+    kind = "REHEARSAL on CPU, not a GPU run" if doc.get("rehearsal") else "GPU run"
+    parts = [
+        f"gpu_check summary: {doc.get('device', {}).get('name', '?')} [{kind}], "
+        f"{doc.get('status')}: ran {len(by.get('ok', []))}/{len(sections)}"
+    ]
+    parts.append(f"failed {len(failed)}" + (f" [{', '.join(failed)}]" if failed else ""))
+    for status in ("skipped", "running", "pending"):
+        if by.get(status):
+            parts.append(f"{status} {len(by[status])} [{', '.join(by[status])}]")
+    parts.append(
+        f"{len(doc.get('measurements', []))} measurements, "
+        f"{len(doc.get('failed_measurements', []))} failed, "
+        f"{len(doc.get('skipped', []))} skipped"
     )
-    doc["clocks_after"] = nvidia_smi(int(facts.get("index", 0))) if on_gpu else None
-    doc["elapsed_s"] = time.monotonic() - started
-    return doc
+    s = doc.get("summary", {})
+    for ref in ("read", "copy"):
+        ratio = s.get(f"kv_read_over_{ref}")
+        if isinstance(ratio, int | float) and doc.get("rehearsal"):
+            parts.append(f"KV read / {ref} computed (a CPU rehearsal: no goal is judged)")
+        elif isinstance(ratio, int | float):
+            goal = "met" if ratio >= GOAL_KV_READ_OVER_STREAM else "NOT met"
+            parts.append(
+                f"KV read {ratio:.0%} of {ref} (goal {GOAL_KV_READ_OVER_STREAM:.0%} {goal})"
+            )
+    parts.append(f"{doc.get('elapsed_s', 0):.0f} s -> {path}")
+    return "; ".join(parts)
 
 
-def default_out(name: str) -> Path:
-    slug = re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")
-    return ROOT / "book" / "data" / f"gpu_{slug}.json"
+def device_label(calls: CudaCalls) -> str:
+    """The device's name, asked the cheapest way; "unknown GPU" rather than an exception."""
+    if calls.rehearsal:
+        return dev.device_name("cpu")
+    try:
+        import torch
+
+        return str(torch.cuda.get_device_name(calls.device))
+    except Exception:
+        return "unknown GPU"
+
+
+def slug(name: str) -> str:
+    return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")
+
+
+def default_out(name: str, folder: Path | None = None, rehearsal: bool = False) -> Path:
+    """``book/data/gpu_<device>.json``; a rehearsal is named ``rehearsal_<cpu>.json`` and
+    goes under ``_build/`` so the book's ``gpu_*.json`` never matches it."""
+    if rehearsal:
+        return (folder or ROOT / "_build") / f"rehearsal_{slug(name)}.json"
+    return (folder or ROOT / "book" / "data") / f"gpu_{slug(name)}.json"
+
+
+def _on_sigterm(signum: int, frame: object) -> None:
+    raise Interrupted(f"signal {signum}")
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--out", type=Path, help="JSON file (default book/data/gpu_<device>.json)")
+    parser.add_argument(
+        "--out-dir", type=Path, help="folder for gpu_<device>.json (the device tool's $OUT)"
+    )
+    parser.add_argument("--device", default="cuda", help="a CUDA device: cuda or cuda:N (cuda)")
+    parser.add_argument(
+        "--budget-s",
+        type=float,
+        default=BUDGET_S,
+        help=f"start no section or measurement after this (default {BUDGET_S:.0f})",
+    )
+    parser.add_argument(
+        "--rehearse",
+        action="store_true",
+        help="run every section on the CPU at tiny sizes (never a GPU figure)",
+    )
+    parser.add_argument(
+        "--fail-section", choices=SECTIONS, help="raise inside this section after its first result"
+    )
+    parser.add_argument(
+        "--summarize",
+        type=Path,
+        metavar="FILE",
+        help="print the summary line of a written file and exit",
+    )
+    return parser
+
+
+def _refuse(args: argparse.Namespace) -> str | None:
+    import torch
+
+    if args.rehearse:
+        return None
+    if not args.device.startswith("cuda") or not torch.cuda.is_available():
+        return (
+            f"gpu_check: error: no CUDA GPU here (torch.cuda.is_available() is "
+            f"{torch.cuda.is_available()}, --device {args.device}). This script measures a "
+            "GPU and never records CPU times; run it on a machine with an NVIDIA GPU and a "
+            "CUDA build of torch, or rehearse it on the CPU with --rehearse."
+        )
+    return None
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, help="JSON path (default book/data/gpu_<device>.json)")
-    parser.add_argument("--device", default="cuda", help="a CUDA device: cuda or cuda:N (cuda)")
-    args = parser.parse_args(argv)
-    import torch
-
-    if not args.device.startswith("cuda") or not torch.cuda.is_available():
-        print("gpu_check: error: no CUDA GPU here (torch.cuda.is_available() is "
-              f"{torch.cuda.is_available()}, --device {args.device}). This script measures a "
-              "GPU and never records CPU times; run it on a machine with an NVIDIA GPU and a "
-              "CUDA build of torch.", file=sys.stderr)  # fmt: skip
+    args = _parser().parse_args(argv)
+    if args.summarize:
+        print(summary_line(json.loads(args.summarize.read_text()), args.summarize))
+        return 0
+    if not (math.isfinite(args.budget_s) and args.budget_s > _RESERVE_S):
+        print(
+            f"gpu_check: error: --budget-s must be more than {_RESERVE_S:.0f} s, "
+            f"got {args.budget_s}",
+            file=sys.stderr,
+        )
         return 2
-    doc = run_checks(args.device)
-    out = args.out or default_out(doc["device"]["name"])
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(doc, indent=2) + "\n")
-    records.read_run(out)  # the book must be able to read what was written
-    s = doc["summary"]
-    print(f"{doc['device']['name']}: {len(doc['measurements'])} measurements in "
-          f"{doc['elapsed_s']:.0f} s -> {out}")  # fmt: skip
-    if "kv_read_over_copy" in s:
-        verdict = "met" if s["goal_met"] else "NOT met"
-        print(f"KV read ({s['best_kv_read']}) at {s['kv_read_over_copy']:.0%} of the copy's "
-              f"bandwidth; goal {GOAL_KV_READ_OVER_COPY:.0%} {verdict}")  # fmt: skip
-    for item in doc["skipped"]:
-        print(f"skipped {item['name']}: {item['reason']}")
-    return 0
+    refusal = _refuse(args)
+    if refusal:
+        print(refusal, file=sys.stderr)
+        return 2
+    if args.rehearse:
+        import torch
+
+        # One thread: on a shared CPU, torch's worker threads wait on each other and the
+        # rehearsal, which checks code paths and not speed, would take minutes.
+        torch.set_num_threads(1)
+    calls = RehearsalCalls() if args.rehearse else CudaCalls(args.device)
+    out = args.out or default_out(device_label(calls), args.out_dir, rehearsal=calls.rehearsal)
+    check = Check(
+        calls,
+        "tiny" if args.rehearse else "full",
+        out,
+        args.budget_s,
+        args.fail_section,
+        sys.argv[1:] if argv is None else argv,
+        # From the command line, the budget includes start-up; called in-process, from now.
+        started=PROCESS_START if argv is None else None,
+    )
+    previous = signal.signal(signal.SIGTERM, _on_sigterm)
+    try:
+        run_checks(check)
+    except (Interrupted, KeyboardInterrupt):
+        check.doc["status"] = "interrupted"
+        check.save()
+        print(summary_line(check.doc, out), flush=True)
+        return 3
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    failed = any(e["status"] == "failed" for e in check.doc["sections"].values())
+    print(summary_line(check.doc, out), flush=True)
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

@@ -15,6 +15,10 @@ standard library, or of a standard-library module Pyodide's core leaves out (its
 ``pyodide-lock.json`` lists them as separate packages), fails the pack: the page could
 not import it. Everything under ``kvlib/data`` is packed too (configs, defaults).
 
+The JupyterLite build (scripts/build_lite.py) installs kvlib whole in the browser's
+kernel instead: :func:`write_wheel` writes a pure-Python wheel (``py3-none-any``) of a
+package folder, with the same fixed time stamps, so equal sources give equal bytes.
+
 Usage: ``python scripts/pack_kvlib.py OUTPUT.zip [--add FILE ...] [--pyodide-lock PATH]``.
 """
 
@@ -22,6 +26,8 @@ from __future__ import annotations
 
 import argparse
 import ast
+import base64
+import hashlib
 import json
 import sys
 import zipfile
@@ -39,7 +45,9 @@ __all__ = [
     "imports_of",
     "pack",
     "pack_members",
+    "package_files",
     "pyodide_missing_modules",
+    "write_wheel",
 ]
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -227,6 +235,60 @@ def pack(
             archive.writestr(info, path.read_bytes())
     partial.replace(output)
     return list(members)
+
+
+def package_files(folder: Path, arc_prefix: str = "") -> dict[str, Path]:
+    """Name inside an archive -> file, for every file under ``folder`` but caches."""
+    prefix = arc_prefix or folder.name
+    return {
+        f"{prefix}/{path.relative_to(folder).as_posix()}": path
+        for path in sorted(folder.rglob("*"))
+        if path.is_file() and "__pycache__" not in path.parts and path.suffix != ".pyc"
+    }
+
+
+def _record_hash(data: bytes) -> str:
+    """A RECORD hash: ``sha256=`` and the urlsafe base64 digest without padding (PEP 376)."""
+    digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=")
+    return f"sha256={digest.decode()}"
+
+
+def write_wheel(
+    output_dir: Path, name: str, version: str, members: dict[str, Path | bytes], summary: str
+) -> Path:
+    """Write ``{name}-{version}-py3-none-any.whl`` holding ``members`` (archive name ->
+    file or bytes); return its path.
+
+    The wheel layout is the binary distribution format's (PyPA specification): the
+    files, then ``{name}-{version}.dist-info/`` with METADATA (core metadata 2.1),
+    WHEEL (``Root-Is-Purelib: true``) and RECORD (each file's sha256 and size).
+    """
+    dist = f"{name.replace('-', '_')}-{version}"
+    contents: dict[str, bytes] = {
+        arc: value if isinstance(value, bytes) else value.read_bytes()
+        for arc, value in sorted(members.items())
+    }
+    contents[f"{dist}.dist-info/METADATA"] = (
+        f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\nSummary: {summary}\n"
+    ).encode()
+    contents[f"{dist}.dist-info/WHEEL"] = (
+        b"Wheel-Version: 1.0\nGenerator: scripts/pack_kvlib.py\nRoot-Is-Purelib: true\n"
+        b"Tag: py3-none-any\n"
+    )
+    record = f"{dist}.dist-info/RECORD"
+    lines = [f"{arc},{_record_hash(data)},{len(data)}" for arc, data in contents.items()]
+    contents[record] = ("\n".join([*lines, f"{record},,"]) + "\n").encode()
+    output_dir.mkdir(parents=True, exist_ok=True)
+    output = output_dir / f"{dist}-py3-none-any.whl"
+    partial = output.with_name(f".{output.name}.partial")
+    with zipfile.ZipFile(partial, "w", zipfile.ZIP_DEFLATED) as archive:
+        for arcname, data in contents.items():
+            info = zipfile.ZipInfo(arcname, _ZIP_TIME)
+            info.compress_type = zipfile.ZIP_DEFLATED
+            info.external_attr = 0o644 << 16
+            archive.writestr(info, data)
+    partial.replace(output)
+    return output
 
 
 def main(argv: Sequence[str] | None = None) -> int:

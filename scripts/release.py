@@ -18,15 +18,14 @@ import sys
 import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from course.scratch import (  # noqa: E402
+from course.scratch import (
     NbgraderError,
     assignment_ids,
     make_course,
     run_nbgrader,
 )
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def release(assignments: list[str], output: Path) -> None:

@@ -32,7 +32,8 @@ ASSIGNMENT = "01_kv_cache"
 NOTEBOOK = "kv_cache"
 SOURCE = ROOT / "solutions" / ASSIGNMENT / f"{NOTEBOOK}.ipynb"
 RELEASE = ROOT / "exercises" / ASSIGNMENT / f"{NOTEBOOK}.ipynb"
-CHALLENGES = ("bytes_per_token", "seats", "prefill_s", "conversation_bytes", "batch_tokens_per_s")
+CHALLENGES = ("bytes_per_token", "seats", "prefill_s", "conversation_bytes", "batch_tokens_per_s",
+              "cache_tokens")
 POINTS = dict.fromkeys(CHALLENGES, 2.0)
 TOTAL = sum(POINTS.values())  # a right notebook's score
 GiB = 2**30
@@ -51,6 +52,9 @@ RIGHT = {
     "answer_batch_tokens_per_s": "step_bytes = N.params_billion * 1e9 * N.bytes_per_weight + "
     "N.batch * N.context_tokens * N.kv_bytes_per_token\n"
     "batch_tokens_per_s = N.batch * N.tb_per_s * 1e12 / step_bytes",
+    "answer_cache_tokens": "free = int(N.utilization * N.gpu_mib * 2**20) - params_billion * 10**9"
+    " * bytes_per_weight // gpus\n"
+    "cache_tokens = free // (N.kv_bytes_per_token // gpus)",
 }
 
 # The classic wrong answer of each challenge and a phrase of the hint it must get.
@@ -82,7 +86,7 @@ def drawn(challenge: str, student: str) -> Numbers:
 
 def expected(student: str) -> dict[str, float]:
     """The right answer of each challenge for ``student``."""
-    b, s, p, c, d = (drawn(name, student) for name in CHALLENGES)
+    b, s, p, c, d, t = (drawn(name, student) for name in CHALLENGES)
     _, kv_heads, head_dim, _ = c.attention
     full = c.layers // c.full_every  # layer i is full when (i + 1) % full_every == 0
     held = full * c.context_tokens + (c.layers - full) * min(c.context_tokens, c.window - 1)
@@ -95,7 +99,17 @@ def expected(student: str) -> dict[str, float]:
         "prefill_s": 2 * p.params_billion * 1e9 * p.prompt_tokens / (p.tflop_per_s * 1e12),
         "conversation_bytes": 2 * kv_heads * head_dim * 2 * held,
         "batch_tokens_per_s": d.batch * d.tb_per_s * 1e12 / step_bytes,
+        "cache_tokens": _tp_cache_tokens(t),
     }
+
+
+def _tp_cache_tokens(t: Numbers) -> int:
+    """Tokens a tensor-parallel group caches: each GPU's u x memory less its weight slice,
+    over its slice of a token's cache."""
+    params_billion, bytes_per_weight, gpus = t.model
+    budget = int(t.utilization * t.gpu_mib * 2**20)
+    free = budget - params_billion * 10**9 * bytes_per_weight // gpus
+    return int(free // (t.kv_bytes_per_token // gpus))
 
 
 def submission(answers: Mapping[str, str], base: Path = RELEASE) -> Any:
@@ -124,7 +138,7 @@ def errors(nb: Any, name: str) -> str:
     for cell in nb.cells:
         if grade_id(cell) == name:
             return " ".join(str(o.get("evalue", "")) for o in cell.get("outputs", [])
-                            if o.get("output_type") == "error")  # fmt: skip
+                            if o.get("output_type") == "error")
     raise KeyError(name)
 
 
@@ -159,7 +173,7 @@ _BUILT: dict[str, tuple[Path, Any]] = {}
 def _class(release: Path) -> dict[str, Any]:
     """Right, wrong and blank answers, and submissions that need repairing."""
     students = {"right_1": submission(RIGHT, release), "right_2": submission(RIGHT, release),
-                "blank": submission({}, release)}  # fmt: skip
+                "blank": submission({}, release)}
     for name, (wrong, _) in CLASSIC_WRONG.items():
         students[f"wrong_{name}"] = submission({**RIGHT, f"answer_{name}": wrong}, release)
     pasted = submission(RIGHT, release)
@@ -180,7 +194,7 @@ CLASS = {
     "duplicated": (TOTAL, "answer_seats appeared 2 times"),
     "deleted_test": (TOTAL, "hidden-test cell prefill_s was deleted: restored"),
     "unreadable": (0.0, "not a readable notebook"),
-}  # fmt: skip
+}
 
 
 def _grade_twice(folder: Path) -> int:

@@ -65,16 +65,16 @@ def postgres_server(database: str = "course") -> Iterator[str]:
     data, port = folder / "data", _free_port()
     try:
         _run(user, [str(PG_BIN / "initdb"), "-D", str(data), "-U", "grader", "--auth=trust",
-                    "--encoding=UTF8", "--no-sync"])  # fmt: skip
+                    "--encoding=UTF8", "--no-sync"])
         options = f"-c listen_addresses=127.0.0.1 -p {port} -k {folder} -c fsync=off"
         _run(user, [str(PG_BIN / "pg_ctl"), "-D", str(data), "-o", options, "-l",
-                    str(folder / "log"), "-w", "-t", "60", "start"])  # fmt: skip
+                    str(folder / "log"), "-w", "-t", "60", "start"])
         try:
             _run(user, [str(PG_BIN / "createdb"), "-h", "127.0.0.1", "-p", str(port),
-                        "-U", "grader", database])  # fmt: skip
+                        "-U", "grader", database])
             yield f"postgresql://grader@127.0.0.1:{port}/{database}"
         finally:
             _run(user, [str(PG_BIN / "pg_ctl"), "-D", str(data), "-m", "immediate", "-w",
-                        "stop"])  # fmt: skip
+                        "stop"])
     finally:
         shutil.rmtree(folder, ignore_errors=True)

@@ -67,7 +67,7 @@ def running_redis() -> Iterator[str]:
              "--daemonize", "no"],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
-        )  # fmt: skip
+        )
         try:
             url = f"redis://127.0.0.1:{port}/0"
             _wait_for_ping(url, process, log)

@@ -42,6 +42,8 @@ BUILD_INPUTS = [
     "exercises",
     "scripts/build_book.py",
     "scripts/pack_kvlib.py",
+    "scripts/build_lite.py",
+    "lite",
     "package.json",
     "package-lock.json",
 ]

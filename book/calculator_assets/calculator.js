@@ -309,6 +309,29 @@
     }
   }
 
+  // The command's table as an HTML table: its own rows, split into label and value by
+  // kvcalc.table_rows (nothing recomputed here). Values that start with a number are
+  // right-aligned; the seat count, the figure the chapter's pages discuss, is marked.
+  function showRows(rows) {
+    const body = $("kv-table").tBodies[0];
+    body.replaceChildren();
+    for (const [label, value] of rows) {
+      const row = body.insertRow();
+      const head = document.createElement("th");
+      head.scope = "row";
+      head.textContent = label;
+      row.appendChild(head);
+      const cell = row.insertCell();
+      cell.textContent = value;
+      if (/^[0-9]/.test(value)) {
+        cell.classList.add("kv-num");
+      }
+      if (label.startsWith("seats at")) {
+        row.classList.add("kv-mark");
+      }
+    }
+  }
+
   function show(result) {
     clearErrors();
     $("kv-command").textContent = result.command || "";
@@ -322,14 +345,14 @@
         bad.setAttribute("aria-invalid", "true");
       }
       $("kv-result").textContent = "";
-      $("kv-table").textContent = "";
+      showRows([]);
       $("kv-output").hidden = true;
       $("kv-plot").textContent = "";
       delete root.dataset.plot;
       return;
     }
     $("kv-result").textContent = result.json;
-    $("kv-table").textContent = result.table;
+    showRows(result.rows);
     $("kv-output").hidden = false;
     $("kv-plot").textContent = "";
     $("kv-plot-note").textContent = result.curve_contexts

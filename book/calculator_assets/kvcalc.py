@@ -244,12 +244,30 @@ def seats_at(argv: list[str], context_tokens: int) -> int | None:
     return seats
 
 
+_COLUMNS = re.compile(r"\s{2,}")
+
+
+def table_rows(table: str) -> list[list[str]]:
+    """The command's text table as ``[label, value]`` rows for the page's HTML table.
+
+    Each line of ``kvlib size`` is a label, two or more spaces, and the value (the
+    value itself may hold single spaces); the text is split, never recomputed.
+    """
+    rows = []
+    for line in table.splitlines():
+        if not line.strip():
+            continue
+        parts = _COLUMNS.split(line.strip(), maxsplit=1)
+        rows.append([parts[0], parts[1] if len(parts) > 1 else ""])
+    return rows
+
+
 def compute(params: dict[str, str], pasted: str | None = None) -> dict[str, Any]:
     """Run ``kvlib size`` on the page's inputs.
 
     ``params``: the page's parameters as text (``{"model": "Llama-3.1-70B",
     "context": "32768", ...}``). ``pasted``: the text of a pasted config.json, used
-    instead of ``params["model"]``. Returns ``{"status": 0, "json", "table",
+    instead of ``params["model"]``. Returns ``{"status": 0, "json", "table", "rows",
     "command", "plot"}`` or ``{"status": 2, "error": the CLI's error line, "field"}``.
     """
     if pasted is not None:
@@ -276,6 +294,7 @@ def compute(params: dict[str, str], pasted: str | None = None) -> dict[str, Any]
         "status": 0,
         "json": out.strip(),
         "table": table.rstrip("\n"),
+        "rows": table_rows(table),
         "command": command,
         "argv": argv,
         "curve_contexts": curve_contexts(argv, json.loads(out)),

@@ -99,5 +99,5 @@ def crossover(
     x = (
         gpus * gpu_hour_price * TOKENS_PER_MILLION
         / (SECONDS_PER_HOUR * tokens_per_s * price_per_million_tokens)
-    )  # fmt: skip
+    )
     return Crossover(gpu_hour_price, gpus, tokens_per_s, price_per_million_tokens, x)

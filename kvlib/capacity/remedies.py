@@ -3,10 +3,17 @@
 A deployment is KV-bound when its cache pool, not its compute, caps the batch: the
 pool is full, requests wait or are preempted, and the batch that runs is too small
 to keep the GPU's arithmetic busy. Each remedy below is a changed
-:class:`kvlib.capacity.assessment.Scenario`; :func:`rank_remedies` assesses every one that
-applies and orders them by what they cost (a tier), then by the seats they add:
+:class:`kvlib.capacity.scenario.Scenario`; :func:`rank_remedies` assesses every one that
+applies and orders them by what they cost (a tier), then by the tokens/s they reach at
+the joint bound (:attr:`kvlib.capacity.assessment.Capacity.tokens_per_s`: the decode
+steps' bound, or the GPUs' arithmetic at the scenario's model FLOPs utilization when
+the prompts' prefill and the decode FLOPs need more than it gives), then by the seats
+they add:
 
-0. **free**: ``max_model_len`` set from the product's need, not the model's maximum;
+0. **free**: ``max_model_len`` set from the product's need, not the model's maximum.
+   It adds no seat at the traffic's length and no token/s: it guards against runaway
+   requests (a reply that never stops grows only to the need) and raises the seats the
+   pool can guarantee at full length;
 1. **a flag and a check**: an fp8 KV cache (an accuracy check), prefix caching
    (prompts that share their first tokens), scheduler settings (a latency trade;
    they add next to no memory);
@@ -23,7 +30,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from kvlib.bounds import valid_tp_degrees
-from kvlib.capacity.assessment import Capacity, Scenario, ScenarioError, assess
+from kvlib.capacity.assessment import Capacity, assess
+from kvlib.capacity.scenario import Scenario, ScenarioError
 from kvlib.config import ModelConfig
 from kvlib.dtypes import DTYPE_BITS, check_dtype
 from kvlib.sizing import kv_bytes
@@ -63,6 +71,11 @@ class RemedyEffect:
     def tokens_per_s_ratio(self) -> float:
         """Aggregate decode tokens/s after over before."""
         return self.after.tokens_per_s / self.before.tokens_per_s
+
+    @property
+    def tokens_per_s_gained(self) -> float:
+        """Joint-bound tokens/s after minus before."""
+        return self.after.tokens_per_s - self.before.tokens_per_s
 
     @property
     def gpus_ratio(self) -> float:
@@ -138,8 +151,9 @@ def _catalogue(alternative: ModelConfig | None) -> list[tuple[str, int, str, str
     entries: list[tuple[str, int, str, str, str, _Change]] = [
         ("max context from the product's need", 0,
          "one flag (--max-model-len); refuses only requests longer than the product accepts",
-         "the longest sequence the pool must absorb: guaranteed seats, whether the engine "
-         "starts, and the default max_tokens (max_model_len - prompt) of requests that set none",
+         "guards against runaway requests: the longest sequence the pool must absorb, "
+         "guaranteed seats, whether the engine starts, and the default max_tokens "
+         "(max_model_len - prompt) of requests that set none",
          "a paged engine's seats at the traffic's real length, and decode speed",
          _context_from_need),
         ("fp8 KV cache", 1,
@@ -149,7 +163,8 @@ def _catalogue(alternative: ModelConfig | None) -> list[tuple[str, int, str, str
         ("prefix caching", 1,
          "one flag (on by default in vLLM v1) and prompts that start with the same tokens",
          "the shared prompt's full blocks are held once and prefilled once",
-         "decode reads (each sequence still reads the shared blocks)", _prefix_caching),
+         "decode reads, unless the attention kernel reads the shared prefix once "
+         "(vLLM's cascade attention)", _prefix_caching),
         ("scheduler settings", 1,
          "flags (max_num_seqs, max_num_batched_tokens, chunked prefill); a latency trade",
          "which requests run together, and how prefill chunks share a step with decodes",
@@ -163,7 +178,7 @@ def _catalogue(alternative: ModelConfig | None) -> list[tuple[str, int, str, str
         ("more GPUs: another replica", 2,
          "twice the GPU-hours",
          "seats and aggregate tokens/s double", "each sequence's decode speed", _replica),
-    ]  # fmt: skip
+    ]
     if alternative is not None:
         entries.append((
             f"a model with fewer KV bytes per token ({alternative.name})", 3,
@@ -171,13 +186,14 @@ def _catalogue(alternative: ModelConfig | None) -> list[tuple[str, int, str, str
             "bytes per cached token (GQA, MLA, sliding windows), and the weights",
             "the product's context need",
             _fewer_bytes(alternative),
-        ))  # fmt: skip
+        ))
     return entries
 
 
 def rank_remedies(scenario: Scenario, alternative: ModelConfig | None = None) -> Ranking:
     """Assess each remedy on ``scenario`` (``alternative``: a model to switch to, if any) and
-    rank them by cost tier, then by seats gained, then by guaranteed seats gained."""
+    rank them by cost tier, then by joint-bound tokens/s, then by seats gained, then by
+    guaranteed seats gained."""
     baseline = assess(scenario)
     effects, skipped = [], []
     for name, tier, cost, changes, leaves, change in _catalogue(alternative):
@@ -190,5 +206,6 @@ def rank_remedies(scenario: Scenario, alternative: ModelConfig | None = None) ->
             skipped.append((name, f"the changed deployment cannot run: {reason}"))
             continue
         effects.append(RemedyEffect(name, tier, cost, changes, leaves, after, baseline))
-    effects.sort(key=lambda e: (e.tier, -e.seats_gained, -e.guaranteed_seats_gained))
+    effects.sort(key=lambda e: (e.tier, -e.after.tokens_per_s, -e.seats_gained,
+                                -e.guaranteed_seats_gained))
     return Ranking(baseline, tuple(effects), tuple(skipped))

@@ -6,7 +6,8 @@ degree and replicas, the weight and cache precisions, the engine's maximum
 context (``max_model_len``; vLLM defaults it to the model's
 ``max_position_embeddings``) against the context the product needs, the traffic
 (prompt and output tokens, a shared system prompt, the concurrency it keeps in
-flight) and the engine's limits.
+flight), the engine's limits, and the model FLOPs utilization (``mfu``) its GPUs'
+arithmetic reaches.
 
 :func:`check_scenario` raises :class:`ScenarioError` for a scenario that cannot
 be served as stated, naming the field and the fix.
@@ -20,13 +21,21 @@ from kvlib._validate import require_fraction, require_int
 from kvlib.bounds import valid_tp_degrees
 from kvlib.config import ModelConfig
 from kvlib.dtypes import check_dtype
-from kvlib.hardware import GPUSpec
+from kvlib.hardware import VLLM_GPU_MEMORY_UTILIZATION, GPUSpec
 from kvlib.units import GiB
 
-__all__ = ["VLLM_MAX_NUM_SEQS", "Scenario", "ScenarioError", "check_scenario"]
+__all__ = ["SERVING_MFU", "VLLM_MAX_NUM_SEQS", "Scenario", "ScenarioError", "check_scenario"]
 
 # vLLM's --max-num-seqs default for years; recent API servers pick 1,024 on 70 GiB+ cards.
 VLLM_MAX_NUM_SEQS = 256
+
+# Model FLOPs utilization assumed for a serving GPU's arithmetic: the model's FLOPs per
+# second over the dense bf16 peak, as defined by PaLM (Chowdhery et al., 2022, appendix B;
+# arXiv:2204.02311). Pope et al. measured 76% MFU for large-batch prefill of PaLM 540B on
+# TPU v4 ("Efficiently Scaling Transformer Inference", MLSys 2023, arXiv:2211.05102), and
+# chapter 6's run of one 8192^3 bf16 matmul reached about 80% of an H200's peak: a whole
+# model step (attention, norms, small GEMMs, a scheduler between steps) stays below both.
+SERVING_MFU = 0.6
 
 
 class ScenarioError(ValueError):
@@ -51,10 +60,11 @@ class Scenario:
     kv_dtype: str = "bf16"
     shared_prefix_tokens: int = 0  # a system prompt every request starts with
     prefix_caching: bool = False
-    gpu_memory_utilization: float = 0.9
+    gpu_memory_utilization: float = VLLM_GPU_MEMORY_UTILIZATION  # x CUDA's total
     runtime_bytes_per_gpu: int = 2 * GiB  # activations, CUDA graphs, context: assumed
     block_size: int = 16
     max_num_seqs: int = VLLM_MAX_NUM_SEQS
+    mfu: float = SERVING_MFU  # share of the bf16 dense peak prefill and decode FLOPs reach
 
     @property
     def engine_max_len(self) -> int:
@@ -87,11 +97,12 @@ class Scenario:
 def check_scenario(s: Scenario) -> None:
     """Refuse a scenario that no engine would run as stated, naming the field."""
     for name in ("prompt_tokens", "output_tokens", "concurrency", "needed_context_tokens",
-                 "tp", "replicas", "block_size", "max_num_seqs"):  # fmt: skip
+                 "tp", "replicas", "block_size", "max_num_seqs"):
         require_int(getattr(s, name), name, 1)
     require_int(s.shared_prefix_tokens, "shared_prefix_tokens")
     require_int(s.runtime_bytes_per_gpu, "runtime_bytes_per_gpu")
     require_fraction(s.gpu_memory_utilization, "gpu_memory_utilization")
+    require_fraction(s.mfu, "mfu")
     check_dtype(s.kv_dtype)
     limit = s.model.max_position_embeddings
     if s.max_model_len is not None:

@@ -47,7 +47,7 @@ class Symptoms:
 
     steps: int
     num_blocks: int
-    max_batch_size: int
+    max_num_seqs: int
     full_fraction: float
     peak_usage: float  # largest fraction of the pool in use after a step
     mean_usage: float
@@ -64,18 +64,18 @@ class Symptoms:
     @property
     def batch_occupancy(self) -> float:
         """Mean running batch over the cap: the share of batch slots in use."""
-        return self.mean_running / self.max_batch_size
+        return self.mean_running / self.max_num_seqs
 
 
 def diagnose_steps(
     steps: Sequence[StepMetrics],
     num_blocks: int,
-    max_batch_size: int,
+    max_num_seqs: int,
     full_fraction: float = 0.9,
 ) -> Symptoms:
     """Summarise ``steps`` of an engine with a pool of ``num_blocks`` and a batch cap."""
     require_int(num_blocks, "num_blocks", 1)
-    require_int(max_batch_size, "max_batch_size", 1)
+    require_int(max_num_seqs, "max_num_seqs", 1)
     require_fraction(full_fraction, "full_fraction")
     for i, step in enumerate(steps):
         if not 0 <= step.used_blocks <= num_blocks:
@@ -88,12 +88,12 @@ def diagnose_steps(
     bound = sum(
         1
         for step, used in zip(steps, usage, strict=True)
-        if used >= full_fraction and step.waiting > 0 and step.running < max_batch_size
+        if used >= full_fraction and step.waiting > 0 and step.running < max_num_seqs
     )
     return Symptoms(
         steps=n,
         num_blocks=num_blocks,
-        max_batch_size=max_batch_size,
+        max_num_seqs=max_num_seqs,
         full_fraction=full_fraction,
         peak_usage=max(usage, default=0.0),
         mean_usage=sum(usage) / n if n else 0.0,

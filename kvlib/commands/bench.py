@@ -132,7 +132,7 @@ def _settings(args: argparse.Namespace, on_gpu: bool) -> dict[str, Any]:
     }
     if settings["heads"] % settings["kv_heads"]:
         raise UsageError(f"--heads ({settings['heads']}) must be a multiple of --kv-heads "
-                         f"({settings['kv_heads']})")  # fmt: skip
+                         f"({settings['kv_heads']})")
     return settings
 
 

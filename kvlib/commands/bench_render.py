@@ -98,7 +98,7 @@ def render(report: BenchReport) -> str:
         ("clock", f"{report.clock}, {report.reps} repetitions, {report.cache} cache{flushed}"),
         ("median", f"{_duration(report.median_s)} (p20 {_duration(report.p20_s)}, "
                    f"p80 {_duration(report.p80_s)}, min {_duration(report.min_s)})"),
-    ]  # fmt: skip
+    ]
     if report.resolution_limited:
         rows.append(("warning", "the median is under 100 clock ticks: time a larger workload"))
     moved = f"{report.bytes_moved:,} bytes moved"
@@ -109,14 +109,14 @@ def render(report: BenchReport) -> str:
     if report.datasheet_bandwidth_bytes_per_s:
         share = report.bandwidth_bytes_per_s / report.datasheet_bandwidth_bytes_per_s
         bandwidth += (f" ({share:.0%} of the {report.datasheet_gpu} datasheet's "
-                      f"{format_rate(report.datasheet_bandwidth_bytes_per_s)})")  # fmt: skip
+                      f"{format_rate(report.datasheet_bandwidth_bytes_per_s)})")
     rows.append(("bandwidth", bandwidth))
     if isinstance(report, MatmulReport | DecodeReport):
         compute = format_flops(report.flops_per_s)
         if isinstance(report, MatmulReport) and report.datasheet_flops_per_s:
             share = report.flops_per_s / report.datasheet_flops_per_s
             compute += (f" ({share:.0%} of the {report.datasheet_gpu} datasheet's dense bf16 "
-                        f"{format_flops(report.datasheet_flops_per_s)})")  # fmt: skip
+                        f"{format_flops(report.datasheet_flops_per_s)})")
         rows.append(("compute", compute))
         intensity = f"{report.arithmetic_intensity_flops_per_byte:,.3g} FLOPs per byte moved"
         rows.append(("intensity", intensity))

@@ -3,28 +3,15 @@
 from __future__ import annotations
 
 import argparse
-from dataclasses import dataclass
 from typing import Any
 
 from kvlib.commands import emit, fail
+from kvlib.serving.erlang import QueueStats
 from kvlib.serving.queueing import UnstableQueueError, mmc
 
-__all__ = ["QueueReport", "queue_report", "register", "render", "run"]
+__all__ = ["queue_report", "register", "render", "run"]
 
 _FLAGS = {"arrivals_per_s": "--arrivals-per-s", "service_s": "--service-s", "servers": "--servers"}
-
-
-@dataclass(frozen=True)
-class QueueReport:
-    """Steady-state waits in queue (before service starts), first come first served."""
-
-    arrivals_per_s: float
-    service_s: float
-    servers: int
-    utilization: float
-    p_wait: float
-    mean_wait_s: float
-    p95_wait_s: float
 
 
 def register(commands: Any) -> None:
@@ -48,18 +35,10 @@ def register(commands: Any) -> None:
     queue.set_defaults(handler=run)
 
 
-def queue_report(arrivals_per_s: float, service_s: float, servers: int) -> QueueReport:
-    """The report for these inputs; ``ValueError`` (or ``UnstableQueueError``) on bad input."""
-    stats = mmc(arrivals_per_s, service_s, servers)
-    return QueueReport(
-        arrivals_per_s=stats.arrivals_per_s,
-        service_s=stats.service_s,
-        servers=stats.servers,
-        utilization=stats.utilization,
-        p_wait=stats.p_wait,
-        mean_wait_s=stats.mean_wait_s,
-        p95_wait_s=stats.p95_wait_s,
-    )
+def queue_report(arrivals_per_s: float, service_s: float, servers: int) -> QueueStats:
+    """The report for these inputs: the M/M/c waits, whose fields ``--json`` prints;
+    ``ValueError`` (or ``UnstableQueueError``) on bad input."""
+    return mmc(arrivals_per_s, service_s, servers)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -86,7 +65,7 @@ def _duration(seconds: float) -> str:
     return f"{seconds:,.3g} s" if seconds < 100 else f"{seconds:,.0f} s"
 
 
-def render(report: QueueReport) -> str:
+def render(report: QueueStats) -> str:
     """The human-readable table."""
     p95 = _duration(report.p95_wait_s)
     if report.p95_wait_s == 0:

@@ -7,70 +7,26 @@ from dataclasses import dataclass
 from typing import Any
 
 from kvlib import bounds, sizing
+from kvlib._validate import cdiv
 from kvlib.commands import UsageError, emit, fail
 from kvlib.commands.size_render import render
+from kvlib.commands.size_report import SizeReport
 from kvlib.config import ConfigError, ModelConfig, bundled_models, load_config
 from kvlib.dtypes import DTYPE_BITS, check_dtype
-from kvlib.hardware import GPUSpec, get_gpu, gpu_names
+from kvlib.hardware import (
+    VLLM_GPU_MEMORY_UTILIZATION,
+    GPUSpec,
+    get_gpu,
+    gpu_names,
+    vllm_budget_bytes,
+)
 from kvlib.paging import vllm_pool
 from kvlib.units import parse_bytes
 from kvlib.weights import params
 
-__all__ = ["SizeReport", "register", "size_report"]
+__all__ = ["register", "size_report"]
 
 AUTO = "auto"
-
-
-@dataclass(frozen=True)
-class SizeReport:
-    """Everything ``kvlib size`` prints; ``--json`` prints these fields (bytes are ints).
-
-    Fields that need a GPU (or ``--kv-memory``) are None without one.
-    """
-
-    model: str
-    model_type: str
-    attention: str
-    num_hidden_layers: int
-    layer_kinds: dict[str, int]
-    sliding_window_tokens: int | None
-    num_key_value_heads: int
-    head_dim: int
-    context_tokens: int
-    batch: int
-    kv_dtype: str
-    kv_bytes_per_token: int
-    kv_bytes: int
-    kv_bytes_batch: int
-    param_count: int | None
-    active_param_count: int | None
-    param_count_note: str | None
-    weight_dtype: str
-    weight_format: str
-    weight_bytes: int | None
-    weight_note: str | None
-    tp: int
-    gpu: str | None
-    gpu_memory_bytes: int | None
-    gpu_memory_source: str | None
-    gpu_memory_utilization: float | None
-    weight_bytes_per_gpu: int | None
-    min_gpus: int | None
-    valid_tp_degrees: list[int] | None
-    hbm_bandwidth_bytes_per_s: float | None
-    kv_bytes_per_gpu: int
-    free_kv_bytes_per_gpu: int | None
-    fits: bool | None
-    seats: int | None
-    decode_step_bytes: int | None
-    decode_tokens_per_s_bound: float | None
-    block_size: int
-    page_bytes: int | None
-    blocks_per_sequence: int | None
-    pool_blocks: int | None
-    pool_tokens: int | None
-    max_concurrency: float | None
-    notes: list[str]
 
 
 def register(commands: Any) -> None:
@@ -96,8 +52,12 @@ def register(commands: Any) -> None:
     size.add_argument(
         "--gpu-memory-utilization",
         type=float,
-        default=0.9,
-        help="fraction of GPU memory for weights and cache, as in vLLM (0.9)",
+        default=VLLM_GPU_MEMORY_UTILIZATION,
+        help=(
+            "fraction of the GPU's memory for weights and cache, as vLLM's default "
+            f"({VLLM_GPU_MEMORY_UTILIZATION}); vLLM multiplies it by CUDA's total, "
+            "the driver's where no CUDA reading is recorded"
+        ),
     )
     size.add_argument("--tp", type=int, default=1, help="tensor-parallel GPUs (1)")
     size.add_argument(
@@ -134,12 +94,14 @@ class _Inputs:
 def _inputs(args: argparse.Namespace) -> _Inputs:
     """Every flag checked, each failure naming the flag and the fix."""
     flags = (("--context", args.context), ("--batch", args.batch), ("--tp", args.tp),
-             ("--block-size", args.block_size))  # fmt: skip
+             ("--block-size", args.block_size))
     for flag, value in flags:
         if value < 1:
             raise UsageError(f"{flag} must be at least 1, got {value}")
     if not 0 < args.gpu_memory_utilization <= 1:
-        raise UsageError("--gpu-memory-utilization must be in (0, 1], e.g. 0.9")
+        raise UsageError(
+            f"--gpu-memory-utilization must be in (0, 1], e.g. {VLLM_GPU_MEMORY_UTILIZATION}"
+        )
     kv_dtype = _dtype("--kv-dtype", args.kv_dtype)
     weight_dtype = (
         None if args.weight_dtype == AUTO else _dtype("--weight-dtype", args.weight_dtype)
@@ -194,8 +156,8 @@ def size_report(args: argparse.Namespace) -> SizeReport:
     per_gpu_kv = bounds.kv_bytes_per_gpu(cfg, args.context, kv_dtype, tp)
     gpu = given.gpu
     notes = _notes(cfg, kv_dtype, gpu, given.kv_memory_bytes is not None)
-    usable = None if gpu is None else int(gpu.memory_bytes * args.gpu_memory_utilization)
-    weights_per_gpu = None if weights is None else -(-weights // tp)
+    usable = None if gpu is None else vllm_budget_bytes(gpu, args.gpu_memory_utilization)
+    weights_per_gpu = None if weights is None else cdiv(weights, tp)
     free = given.kv_memory_bytes
     if free is None and usable is not None and weights_per_gpu is not None:
         free = usable - weights_per_gpu
@@ -203,7 +165,7 @@ def size_report(args: argparse.Namespace) -> SizeReport:
     seats = None if free is None else sizing.seats(max(free, 0), per_gpu_kv)
     step_bytes = speed = None
     if gpu is not None and weights is not None and fits:
-        step_bytes = bounds.decode_step_bytes(
+        step_bytes = bounds.decode_bytes_per_gpu(
             cfg, args.batch, args.context, kv_dtype, given.weight_dtype, tp
         )
         speed = bounds.decode_tokens_per_s(step_bytes, gpu.hbm_bandwidth_bytes_per_s)
@@ -246,7 +208,7 @@ def size_report(args: argparse.Namespace) -> SizeReport:
         free_kv_bytes_per_gpu=None if free is None else max(free, 0),
         fits=fits,
         seats=seats,
-        decode_step_bytes=step_bytes,
+        decode_bytes_per_gpu=step_bytes,
         decode_tokens_per_s_bound=speed,
         block_size=args.block_size,
         page_bytes=pool.page_bytes,
@@ -272,7 +234,7 @@ def _pool(
 ) -> _Pool:
     """vLLM's KV pool on one GPU (:mod:`kvlib.paging.vllm_pool`), with max_model_len = --context."""
     try:
-        page = vllm_pool.page_bytes(cfg, args.block_size, kv_dtype, args.tp)
+        page = vllm_pool.unified_page_bytes(cfg, args.block_size, kv_dtype, args.tp)
         per_sequence = vllm_pool.blocks_per_sequence(cfg, args.context, args.block_size, kv_dtype)
     except ValueError as err:  # a layout vLLM pages in a way kvlib does not model
         notes.append(f"no vLLM pool figures: {err}")
@@ -280,13 +242,20 @@ def _pool(
     if free is None:
         return _Pool(page, per_sequence)
     pool = vllm_pool.kv_pool(cfg, free, max_model_len=args.context, block_size=args.block_size,
-                          kv_dtype=kv_dtype, tp=args.tp)  # fmt: skip
+                          kv_dtype=kv_dtype, tp=args.tp)
     notes.append(
         f"pool as vLLM logs it: '{pool.startup_lines[0]}', '{pool.startup_lines[1]}' "
         f"(max_model_len = --context, max_num_batched_tokens = "
         f"{vllm_pool.DEFAULT_MAX_NUM_BATCHED_TOKENS:,})"
     )
     return _Pool(page, per_sequence, pool.num_blocks, pool.pool_tokens, pool.max_concurrency)
+
+
+def _total_words(gpu: GPUSpec) -> str:
+    """Which total the budget multiplies, in words."""
+    if gpu.cuda_total_bytes is not None:
+        return f"CUDA's total, as vLLM multiplies it: {gpu.cuda_total_source}"
+    return "nvidia-smi's total: no CUDA reading recorded, so an upper bound on vLLM's pool"
 
 
 def _notes(
@@ -298,8 +267,8 @@ def _notes(
         notes.append(f"{gpu.name} memory: {gpu.memory_source}")
     if gpu is not None and not kv_memory_given:
         notes.append(
-            "free memory = utilization x GPU memory - weights per GPU; an engine grants "
-            "somewhat less: it also reserves activations and CUDA graphs, and vLLM "
-            "multiplies CUDA's memory total, a few hundred MiB below nvidia-smi's"
+            f"free memory = utilization x {gpu.vllm_total_label} total - weights per GPU "
+            f"({_total_words(gpu)}); an engine grants somewhat less: it also reserves "
+            "activations and CUDA graphs"
         )
     return notes

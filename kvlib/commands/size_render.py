@@ -2,12 +2,8 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
+from kvlib.commands.size_report import SizeReport
 from kvlib.units import format_bytes, format_rate
-
-if TYPE_CHECKING:
-    from kvlib.commands.size import SizeReport
 
 __all__ = ["render"]
 
@@ -68,7 +64,7 @@ def _seat_rows(r: SizeReport) -> list[tuple[str, str]]:
             (
                 f"decode bound at batch {r.batch}",
                 f"{r.decode_tokens_per_s_bound:,.1f} tokens/s a sequence "
-                f"({_bytes(r.decode_step_bytes)} a step at "
+                f"({_bytes(r.decode_bytes_per_gpu)} a step at "
                 f"{format_rate(r.hbm_bandwidth_bytes_per_s)})",
             )
         )

@@ -14,6 +14,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from kvlib._validate import is_int
+
 __all__ = [
     "ConfigError",
     "derives",
@@ -116,7 +118,7 @@ def get_optional_int(data: Mapping[str, Any], key: str, *, minimum: int = 1) -> 
     # JSON has one number type: accept 4096.0, refuse 4096.5, true and "4096".
     if isinstance(value, float) and value.is_integer():
         value = int(value)
-    if isinstance(value, bool) or not isinstance(value, int):
+    if not is_int(value):
         raise ConfigError(f"field {key!r} must be an integer, got {value!r}")
     if value < minimum:
         raise ConfigError(f"field {key!r} must be >= {minimum}, got {value}")

@@ -26,7 +26,7 @@ from kvlib.specs import (
     SlidingWindow,
 )
 
-__all__ = ["Heads", "MLADims", "attention_heads", "layer_specs", "sliding_window"]
+__all__ = ["Heads", "MLADims", "attention_heads", "specs_from_types", "sliding_window"]
 
 _LAYERS = ("num_hidden_layers", "n_layer", "n_layers", "num_layers")
 _HEADS = ("num_attention_heads", "n_head", "n_heads", "num_heads")
@@ -108,7 +108,7 @@ class MLADims:
     v_head_dim: int
 
 
-def layer_specs(
+def specs_from_types(
     text: Mapping[str, Any], types: list[str], heads: Heads, mla: MLADims | None
 ) -> tuple[CacheSpec, ...]:
     """One cache spec per transformers layer type."""

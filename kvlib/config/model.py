@@ -19,7 +19,7 @@ from typing import Any
 from kvlib.config.fields import ConfigError, get_bool, get_optional_int, text_config
 from kvlib.config.guards import check_generates, check_modelled
 from kvlib.config.layer_types import layer_types
-from kvlib.config.layers import MLADims, attention_heads, layer_specs, sliding_window
+from kvlib.config.layers import MLADims, attention_heads, sliding_window, specs_from_types
 from kvlib.config.parts import (
     IndexerConfig,
     Layout,
@@ -174,7 +174,7 @@ def from_dict(data: Mapping[str, Any], *, name: str = "custom") -> ModelConfig:
     if mla is not None:
         dims = MLADims(mla.kv_lora_rank, mla.qk_rope_head_dim, mla.qk_nope_head_dim, mla.v_head_dim)
     check_modelled(text, types, heads.head_dim, mla is not None)
-    layers = layer_specs(text, types, heads, dims)
+    layers = specs_from_types(text, types, heads, dims)
     windows = {layer.cap_tokens + 1 for layer in layers if layer.cap_tokens is not None}
     return ModelConfig(
         name=name,

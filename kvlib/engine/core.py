@@ -1,5 +1,6 @@
 """A small serving engine: a request queue, batched forward passes over a paged KV cache,
-static or continuous batching, preemption by recompute, tokens streamed per request.
+static or continuous batching, a per-step token budget with chunked prefill, prefix
+caching, preemption by recompute, stop tokens, tokens streamed per request.
 
 It runs :class:`kvlib.nn.decoder.TinyDecoder` (a random-weight Llama-style model)
 on the CPU with greedy decoding, so that every request's tokens can be checked
@@ -8,44 +9,61 @@ against the same request run alone. The scheduling decisions are
 :class:`kvlib.paging.table.PagedKVCache`'s; the keys and values live in the slots
 those tables name (:class:`kvlib.nn.decoder.PagedKV`).
 
+The engine's limits are vLLM's: ``max_num_seqs`` sequences in a step,
+``max_num_batched_tokens`` tokens computed in a step (prefill chunks and decode
+tokens together), ``max_model_len`` tokens in a sequence. A request that sets no
+``max_new_tokens`` may grow to ``max_model_len`` (vLLM's default ``max_tokens``).
+
 Bad input (an empty prompt, token ids outside the vocabulary, a prompt and
-output longer than the model's context, a request the pool could never hold)
+output longer than ``max_model_len``, a request the pool could never hold)
 fails that request alone: its result carries the error, and the others run.
 """
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import torch
 
-from kvlib._validate import require_int
-from kvlib.engine.scheduler import Plan, Policy, Scheduler, SeqState
+from kvlib._validate import is_int, require_int
+from kvlib.engine.scheduler import Chunk, Plan, Policy, Scheduler, SeqState
 from kvlib.nn.decoder import PagedKV, SeqInput, TinyDecoder
 from kvlib.paging.table import PagedKVCache, blocks_for_tokens
 
-__all__ = ["Engine", "EngineConfig", "Request", "RequestResult", "StepRecord"]
+__all__ = [
+    "Engine",
+    "EngineConfig",
+    "Request",
+    "RequestResult",
+    "StepClock",
+    "StepRecord",
+    "serve_in_steps",
+]
 
 
 @dataclass(frozen=True)
 class Request:
-    """A prompt to continue greedily for ``max_new_tokens`` tokens.
+    """A prompt to continue greedily, until a stop token or ``max_new_tokens`` tokens.
 
-    ``on_token(request_id, token)`` is called for every token as it is decoded.
+    ``max_new_tokens=None`` lets the reply grow to the engine's ``max_model_len``, as
+    vLLM does for a request that sets no ``max_tokens``. ``on_token(request_id, token)``
+    is called for every token as it is decoded.
     """
 
     request_id: str
     prompt: Sequence[int]
-    max_new_tokens: int
+    max_new_tokens: int | None = None
     arrival_s: float = 0.0
     on_token: Callable[[str, int], None] | None = None
+    stop_token_ids: tuple[int, ...] = ()
 
 
 @dataclass
 class RequestResult:
-    """What became of one request: its tokens, or the error that stopped it."""
+    """What became of one request: its tokens and their times, or the error that stopped it."""
 
     request_id: str
     output_tokens: list[int] = field(default_factory=list)
@@ -54,11 +72,20 @@ class RequestResult:
     first_token_s: float | None = None
     finish_s: float | None = None
     preemptions: int = 0
+    finish_reason: str | None = None  # "stop" (a stop token) or "length"
+    token_times_s: list[float] = field(default_factory=list)
+    cached_prompt_tokens: int = 0  # found in the prefix cache at the last admission
 
     @property
     def ttft_s(self) -> float | None:
         """Time to first token: from arrival to the first decoded token."""
         return None if self.first_token_s is None else self.first_token_s - self.arrival_s
+
+    @property
+    def itl_s(self) -> list[float]:
+        """Inter-token latencies: the time between consecutive tokens of the reply."""
+        times = self.token_times_s
+        return [later - earlier for earlier, later in itertools.pairwise(times)]
 
 
 @dataclass(frozen=True)
@@ -77,13 +104,21 @@ class StepRecord:
 
 @dataclass(frozen=True)
 class EngineConfig:
-    """Pool size in blocks, block size, batch limits and the batching policy."""
+    """Pool size in blocks, block size, the step's limits and the batching policy.
+
+    ``max_num_batched_tokens=None`` sets no token budget (every prompt prefills whole);
+    ``max_model_len=None`` is the model's ``max_position_embeddings``.
+    """
 
     num_blocks: int
     block_size: int = 16
-    max_batch_size: int = 8
+    max_num_seqs: int = 8
     max_wait_s: float = 0.0
     policy: Policy = "continuous"
+    max_num_batched_tokens: int | None = None
+    enable_chunked_prefill: bool = True
+    enable_prefix_caching: bool = False
+    max_model_len: int | None = None
 
 
 class Engine:
@@ -98,19 +133,41 @@ class Engine:
         require_int(config.num_blocks, "num_blocks", 1)
         self.model, self.config, self.clock = model, config, clock
         self.cache = PagedKVCache(config.num_blocks, config.block_size,
-                                  enable_prefix_caching=False)  # fmt: skip
+                                  enable_prefix_caching=config.enable_prefix_caching)
         self.kv = PagedKV(model.cfg, config.num_blocks, config.block_size, model.dtype)
         self.scheduler = Scheduler(
             self.cache,
-            max_batch_size=config.max_batch_size,
+            max_num_seqs=config.max_num_seqs,
             policy=config.policy,
             max_wait_s=config.max_wait_s,
+            max_num_batched_tokens=config.max_num_batched_tokens,
+            enable_chunked_prefill=config.enable_chunked_prefill,
         )
+        self.max_model_len = self._max_model_len(model, config)
         self.results: dict[str, RequestResult] = {}
         self.steps: list[StepRecord] = []
         self._pending: list[Request] = []  # not yet arrived
         self._states: dict[str, tuple[Request, SeqState]] = {}
         self._start = clock()  # times in results and records are seconds after this
+
+    @staticmethod
+    def _max_model_len(model: TinyDecoder, config: EngineConfig) -> int:
+        limit = model.cfg.max_position_embeddings
+        if config.max_model_len is None:
+            if limit is None:
+                raise ValueError("the model gives no max_position_embeddings: set max_model_len")
+            return limit
+        require_int(config.max_model_len, "max_model_len", 1)
+        if limit is not None and config.max_model_len > limit:
+            raise ValueError(f"max_model_len ({config.max_model_len}) exceeds the model's "
+                             f"max_position_embeddings ({limit}): lower it")
+        if (config.max_num_batched_tokens is not None and not config.enable_chunked_prefill
+                and config.max_num_batched_tokens < config.max_model_len):
+            raise ValueError(
+                f"max_num_batched_tokens ({config.max_num_batched_tokens}) is below "
+                f"max_model_len ({config.max_model_len}) without chunked prefill: a long "
+                "prompt could never be scheduled; raise the budget or enable chunked prefill")
+        return config.max_model_len
 
     def submit(self, request: Request) -> RequestResult:
         """Queue ``request`` (it joins at its ``arrival_s``); a bad one fails alone, now."""
@@ -129,16 +186,22 @@ class Engine:
         if not prompt:
             return "empty prompt: a request needs at least one token"
         vocab = cfg.vocab_size or 0
-        if any(isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < vocab for t in prompt):
+        if any(not is_int(t) or not 0 <= t < vocab for t in prompt):
             return f"prompt token ids must be integers in [0, {vocab})"
-        if isinstance(request.max_new_tokens, bool) or not isinstance(request.max_new_tokens, int):
-            return "max_new_tokens must be an integer"
-        if request.max_new_tokens < 1:
+        if request.max_new_tokens is not None and not is_int(request.max_new_tokens):
+            return "max_new_tokens must be an integer or None"
+        if len(prompt) >= self.max_model_len:
+            return (f"prompt ({len(prompt)} tokens) leaves no room under max_model_len "
+                    f"({self.max_model_len})")
+        max_new = self._max_new_tokens(request)
+        if max_new < 1:
             return "max_new_tokens must be at least 1"
-        total = len(prompt) + request.max_new_tokens
-        limit = cfg.max_position_embeddings
-        if limit is not None and total > limit:
-            return f"prompt ({len(prompt)}) + max_new_tokens exceeds the model's context ({limit})"
+        total = len(prompt) + max_new
+        if total > self.max_model_len:
+            return (f"prompt ({len(prompt)}) + max_new_tokens ({max_new}) exceeds "
+                    f"max_model_len ({self.max_model_len}): lower max_new_tokens")
+        if any(not is_int(t) for t in request.stop_token_ids):
+            return "stop_token_ids must be integers"
         needed = blocks_for_tokens(total, self.config.block_size)
         if needed > self.config.num_blocks:
             return (
@@ -146,6 +209,12 @@ class Engine:
                 f"{self.config.num_blocks}: it could never run"
             )
         return None
+
+    def _max_new_tokens(self, request: Request) -> int:
+        """The request's own limit, or what ``max_model_len`` leaves after its prompt."""
+        if request.max_new_tokens is None:
+            return self.max_model_len - len(request.prompt)
+        return request.max_new_tokens
 
     def run(self, requests: Sequence[Request] = ()) -> list[RequestResult]:
         """Submit ``requests`` and step until every request is finished or failed."""
@@ -166,8 +235,9 @@ class Engine:
     def _release_arrivals(self, now_s: float) -> None:
         while self._pending and self._pending[0].arrival_s <= now_s:
             request = self._pending.pop(0)
-            state = SeqState(request.request_id, list(request.prompt), request.max_new_tokens,
-                             request.arrival_s)  # fmt: skip
+            state = SeqState(request.request_id, list(request.prompt),
+                             self._max_new_tokens(request), request.arrival_s,
+                             stop_token_ids=tuple(request.stop_token_ids))
             self._states[request.request_id] = (request, state)
             self.scheduler.add(state)
 
@@ -180,23 +250,22 @@ class Engine:
             self.results[seq.request_id].preemptions = seq.preemptions
         if not plan:
             return False
-        prefill_tokens = sum(len(seq.tokens) for seq in plan.prefill)
         logits = self.model.forward_batch(self._inputs(plan), self.kv)
         done_at = self.now_s()
-        for seq, row in zip(plan.prefill + plan.decode, logits, strict=True):
-            self._emit(seq, int(torch.argmax(row)), done_at)
-        self.steps.append(self._record(plan, now_s, prefill_tokens))
+        for chunk, row in zip(plan.chunks, logits, strict=True):
+            self.results[chunk.seq.request_id].cached_prompt_tokens = chunk.seq.cached_tokens
+            if chunk.samples:  # a chunk in the middle of a prompt yields no token
+                self._emit(chunk.seq, int(torch.argmax(row)), done_at)
+        self.steps.append(self._record(plan, now_s))
         return True
 
     def _inputs(self, plan: Plan) -> list[SeqInput]:
-        batch = []
-        for seq in plan.prefill:
-            tokens = seq.tokens
-            batch.append(SeqInput(tokens, 0, self._slots(seq.request_id, len(tokens))))
-        for seq in plan.decode:
-            n = len(seq.tokens)
-            batch.append(SeqInput([seq.generated[-1]], n - 1, self._slots(seq.request_id, n)))
-        return batch
+        return [self._input(chunk) for chunk in plan.chunks]
+
+    def _input(self, chunk: Chunk) -> SeqInput:
+        end = chunk.start + chunk.num_tokens
+        new = chunk.seq.tokens[chunk.start : end]
+        return SeqInput(new, chunk.start, self._slots(chunk.seq.request_id, end))
 
     def _slots(self, request_id: str, num_tokens: int) -> list[int]:
         table, size = self.cache.block_table(request_id), self.config.block_size
@@ -206,15 +275,16 @@ class Engine:
         request, result = self._states[seq.request_id][0], self.results[seq.request_id]
         seq.generated.append(token)
         result.output_tokens.append(token)
+        result.token_times_s.append(now)
         if result.first_token_s is None:
             result.first_token_s = now
         if request.on_token is not None:
             request.on_token(seq.request_id, token)
         if seq.done:
             self.scheduler.finish(seq)
-            result.finish_s = now
+            result.finish_s, result.finish_reason = now, seq.finish_reason
 
-    def _record(self, plan: Plan, now_s: float, prefill_tokens: int) -> StepRecord:
+    def _record(self, plan: Plan, now_s: float) -> StepRecord:
         pool = self.cache.pool
         return StepRecord(
             step=len(self.steps),
@@ -222,7 +292,44 @@ class Engine:
             used_blocks=pool.num_blocks - pool.num_free_blocks,
             running=len(self.scheduler.running),
             waiting=len(self.scheduler.waiting),
-            prefill_tokens=prefill_tokens,
+            prefill_tokens=plan.num_tokens - len(plan.decode),
             decode_tokens=len(plan.decode),
             preempted=len(plan.preempted),
         )
+
+
+class StepClock:
+    """Engine time counted in forward passes: :func:`serve_in_steps` advances it by one
+    after every step, so a run's times do not depend on how busy the machine is."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def serve_in_steps(
+    model: TinyDecoder,
+    config: EngineConfig,
+    requests: Sequence[Request],
+    *,
+    before: Callable[[Engine], None] | None = None,
+    after_step: Callable[[Engine], None] | None = None,
+) -> Engine:
+    """Serve ``requests`` on a :class:`StepClock` (``arrival_s`` in steps) until every one
+    has finished or failed; ``before(engine)`` runs once before the first step (to
+    instrument it), ``after_step(engine)`` after each. Returns the engine, whose
+    ``results`` and ``steps`` hold the run."""
+    clock = StepClock()
+    engine = Engine(model, config, clock=clock)
+    if before is not None:
+        before(engine)
+    for request in requests:
+        engine.submit(request)
+    while any(r.finish_s is None and r.error is None for r in engine.results.values()):
+        engine.step(clock.now)
+        if after_step is not None:
+            after_step(engine)
+        clock.now += 1.0
+    return engine

@@ -90,7 +90,7 @@ HIDDEN_TEST_MODULES = (
 _NUMPY_REAL_TYPES = (
     "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
     "float16", "float32", "float64", "longdouble",
-)  # fmt: skip
+)
 
 
 def describe_type_problem(type_name: str, name: str = "answer", unit: str = "") -> str:

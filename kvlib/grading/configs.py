@@ -61,12 +61,12 @@ def sliding_config(
     """
     for name, value in (("layers", layers), ("full_every", full_every), ("kv_heads", kv_heads),
                         ("heads", heads), ("head_dim", head_dim),
-                        ("hidden_size", hidden_size), ("window", window)):  # fmt: skip
+                        ("hidden_size", hidden_size), ("window", window)):
         if type(value) is not int or value < 1:
             raise ValueError(f"sliding_config: {name} must be a positive int, got {value!r}")
     if heads % kv_heads:
         raise ValueError(f"sliding_config: heads ({heads}) must be a multiple of kv_heads "
-                         f"({kv_heads})")  # fmt: skip
+                         f"({kv_heads})")
     layer_types = [
         "full_attention" if (i + 1) % full_every == 0 else "sliding_attention"
         for i in range(layers)

@@ -4,7 +4,8 @@ A slip is known by the ratio it produces between a wrong answer and the right
 value. :func:`diagnose` tries, in order:
 
 1. the challenge's own ``mistakes`` (a hint mapped to the exact wrong value the
-   slip produces), every match named (:func:`named_slips`);
+   slip produces), every match named, then two of them made together where each
+   scales the answer by a factor (:func:`named_slips`);
 2. the generic factors, one at a time:
 
    - x2: the factor 2 for keys and values left out or counted twice;
@@ -53,7 +54,7 @@ def _generic_mistakes(
                 "is 1 byte?", 2.0),
         Mistake("did you give bits where bytes were asked? (1 byte = 8 bits)", 8.0),
         Mistake("did you divide by 8 once too often, treating bytes as bits?", 1 / 8),
-    ]  # fmt: skip
+    ]
     for power, (binary, decimal) in enumerate(
         (("KiB", "KB"), ("MiB", "MB"), ("GiB", "GB")), start=1
     ):
@@ -67,7 +68,7 @@ def _generic_mistakes(
         )
         found.append(Mistake(
             f"did you mix {decimal} (1000^{power} bytes) with {binary} (1024^{power} bytes)? "
-            f"The answer is off by exactly 1.024^{power}.", 1 / factor))  # fmt: skip
+            f"The answer is off by exactly 1.024^{power}.", 1 / factor))
     if num_layers is not None and num_layers > 1:
         found.append(
             Mistake(
@@ -85,7 +86,7 @@ def _generic_mistakes(
         ratio = num_attention_heads / num_kv_heads
         found.append(Mistake(
             f"did you use the {num_attention_heads} attention (query) heads instead of the "
-            f"{num_kv_heads} KV heads? Only KV heads are cached.", ratio))  # fmt: skip
+            f"{num_kv_heads} KV heads? Only KV heads are cached.", ratio))
     return found
 
 
@@ -96,12 +97,30 @@ def _ratio_text(ratio: float) -> str:
 
 
 def named_slips(value: float, expected: float, mistakes: Mapping[str, float] | None) -> str:
-    """The hints of every listed slip that gives ``value``, joined: two slips can give the
-    same number (query heads twice the KV heads, and 4-byte elements), and naming only one
-    would send a learner after the wrong one."""
-    hints = [hint for hint, wrong in (mistakes or {}).items()
-             if wrong != expected and math.isclose(value, wrong, rel_tol=_MISTAKE_REL)]  # fmt: skip
-    return "; or ".join(hints)
+    """The hints of the listed slips that give ``value``.
+
+    Every slip that gives ``value`` exactly is named: two slips can give the same
+    number (query heads twice the KV heads, and 4-byte elements), the value cannot
+    tell them apart, and naming only one would send a learner after the wrong one.
+    When no single slip matches, two slips made together are tried: where each
+    scales the answer by a factor (a per-minute rate used per second, milliseconds
+    for seconds), the two factors multiply, and both are named.
+    """
+    found = [(hint, wrong) for hint, wrong in (mistakes or {}).items()
+             if wrong != expected and math.isfinite(wrong)]
+    hints = [hint for hint, wrong in found if math.isclose(value, wrong, rel_tol=_MISTAKE_REL)]
+    if len(hints) == 1:
+        return hints[0]
+    if hints:
+        return "this value comes from either of two slips: " + "; or ".join(hints)
+    if expected == 0:
+        return ""
+    for i, (first, wrong_a) in enumerate(found):
+        for second, wrong_b in found[i + 1 :]:
+            combined = wrong_a / expected * wrong_b / expected * expected
+            if wrong_a and wrong_b and math.isclose(value, combined, rel_tol=_MISTAKE_REL):
+                return f"two slips at once: {first}; and {second}"
+    return ""
 
 
 def diagnose(

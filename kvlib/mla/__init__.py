@@ -24,6 +24,7 @@ from kvlib.mla.cache import (
     equivalent_gqa_groups,
     kv_reduction,
     require_mla,
+    vllm_latent_entry_bytes,
 )
 from kvlib.mla.cost import (
     IndexerShape,
@@ -31,8 +32,10 @@ from kvlib.mla.cost import (
     MLAPath,
     MLAShape,
     MLAStepCost,
+    PrefillAttentionFlops,
     latent_read_cost,
     mla_step_cost,
+    prefill_attention_flops,
 )
 from kvlib.mla.placement import AttentionParallel, node_seats, weight_bytes_per_gpu
 
@@ -44,6 +47,7 @@ __all__ = [
     "MLAPath",
     "MLAShape",
     "MLAStepCost",
+    "PrefillAttentionFlops",
     "bits_for_published_reduction",
     "cached_elements_per_token",
     "equivalent_gqa_groups",
@@ -51,6 +55,8 @@ __all__ = [
     "latent_read_cost",
     "mla_step_cost",
     "node_seats",
+    "prefill_attention_flops",
     "require_mla",
+    "vllm_latent_entry_bytes",
     "weight_bytes_per_gpu",
 ]

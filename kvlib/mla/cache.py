@@ -18,10 +18,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from fractions import Fraction
 
-from kvlib._validate import require_int
+from kvlib._validate import is_number, require_int
 from kvlib.config import ConfigError, ModelConfig
 from kvlib.dtypes import DTYPE_BITS, check_dtype
 from kvlib.sizing import kv_bytes_per_token
+from kvlib.specs import DS_MLA_FP8_BYTES_PER_TOKEN
 
 __all__ = [
     "KVReduction",
@@ -30,7 +31,19 @@ __all__ = [
     "equivalent_gqa_groups",
     "kv_reduction",
     "require_mla",
+    "vllm_latent_entry_bytes",
 ]
+
+# vLLM cache dtypes whose MLA entry kvlib cannot size, and why.
+_UNSIZED_CACHE_DTYPES = {
+    "nvfp4_ds_mla": (
+        "vLLM lists it in CacheDType (vllm/config/cache.py, commit 002f10e0cfa1) for "
+        "DeepSeek-V4's compressed attention, but MLAAttentionSpec.real_page_size_bytes "
+        "(vllm/v1/kv_cache_interface.py, commit 001cabc1be16) gives it no page size, "
+        "and DeepSeek-V4 caches token windows compressed 4x and 128x, not one entry a "
+        "token: size it from a running engine's 'GPU KV cache size' line instead"
+    ),
+}
 
 
 def require_mla(cfg: ModelConfig) -> None:
@@ -113,7 +126,7 @@ def _bits(value: int | float | Fraction | str, name: str) -> Fraction:
     """Average bits per element from a dtype name (``"bf16"`` -> 16) or a number (6)."""
     if isinstance(value, str):
         return Fraction(DTYPE_BITS[check_dtype(value)])
-    if isinstance(value, bool) or not isinstance(value, int | float | Fraction):
+    if not (is_number(value) or isinstance(value, Fraction)):
         raise ValueError(f"{name} must be a dtype name or a number of bits, got {value!r}")
     bits = Fraction(value)
     if not 0 < bits <= 64:
@@ -172,3 +185,36 @@ def bits_for_published_reduction(
     low = 16 * (1 - (percent + half) / 100) / kept_at_16
     high = 16 * (1 - (percent - half) / 100) / kept_at_16
     return low, high
+
+
+def vllm_latent_entry_bytes(cfg: ModelConfig, cache_dtype: str) -> int:
+    """Bytes vLLM stores per token per MLA layer for ``--kv-cache-dtype cache_dtype``.
+
+    ``MLAAttentionSpec.real_page_size_bytes`` over ``block_size``: ``auto``/``bfloat16``
+    keep ``d_c + d_r`` elements at 2 bytes, ``fp8``/``fp8_e4m3`` at one byte (one scale
+    for the whole tensor), ``fp8_ds_mla`` is DeepSeek-V3.2's 656-byte entry (512 fp8
+    values, four fp32 scales, 64 bf16 RoPE values). Raises, naming the reason, for a
+    dtype whose entry vLLM's code does not define.
+    """
+    require_mla(cfg)
+    assert cfg.mla is not None
+    width = cfg.mla.kv_lora_rank + cfg.mla.qk_rope_head_dim
+    if cache_dtype in _UNSIZED_CACHE_DTYPES:
+        raise ValueError(
+            f"cannot size --kv-cache-dtype {cache_dtype}: {_UNSIZED_CACHE_DTYPES[cache_dtype]}"
+        )
+    if cache_dtype in ("auto", "bfloat16"):
+        return 2 * width
+    if cache_dtype in ("fp8", "fp8_e4m3"):
+        return width
+    if cache_dtype == "fp8_ds_mla":
+        if (cfg.mla.kv_lora_rank, cfg.mla.qk_rope_head_dim) != (512, 64):
+            raise ValueError(
+                f"fp8_ds_mla is laid out for a 512 + 64 latent; {cfg.name} has "
+                f"{cfg.mla.kv_lora_rank} + {cfg.mla.qk_rope_head_dim}"
+            )
+        return DS_MLA_FP8_BYTES_PER_TOKEN
+    raise ValueError(
+        f"unknown MLA cache dtype {cache_dtype!r}: use auto, bfloat16, fp8, fp8_e4m3 or "
+        "fp8_ds_mla (nvfp4_ds_mla is refused with its reason)"
+    )

@@ -31,8 +31,10 @@ __all__ = [
     "MLAPath",
     "MLAShape",
     "MLAStepCost",
+    "PrefillAttentionFlops",
     "latent_read_cost",
     "mla_step_cost",
+    "prefill_attention_flops",
 ]
 
 MLAPath = Literal["naive", "absorbed"]
@@ -52,8 +54,14 @@ class MLAShape:
     q_lora_rank: int | None = None
 
     def __post_init__(self) -> None:
-        for name in ("hidden_size", "num_heads", "kv_lora_rank", "qk_rope_head_dim",
-                     "qk_nope_head_dim", "v_head_dim"):  # fmt: skip
+        for name in (
+            "hidden_size",
+            "num_heads",
+            "kv_lora_rank",
+            "qk_rope_head_dim",
+            "qk_nope_head_dim",
+            "v_head_dim",
+        ):
             require_int(getattr(self, name), name, 1)
         if self.q_lora_rank is not None:
             require_int(self.q_lora_rank, "q_lora_rank", 1)
@@ -282,4 +290,69 @@ def latent_read_cost(
         indexer_bytes=indexer_bytes,
         attention_flops=selected * per_token_flops,
         attention_bytes=selected * latent_bytes_per_token,
+    )
+
+
+def _causal_pairs(tokens: int, cap: int | None = None) -> int:
+    """Query-key pairs of a causal prompt: ``sum over t = 1..T of min(t, cap)``."""
+    if cap is None or cap >= tokens:
+        return tokens * (tokens + 1) // 2
+    return cap * (cap + 1) // 2 + (tokens - cap) * cap
+
+
+@dataclass(frozen=True)
+class PrefillAttentionFlops:
+    """Matrix FLOPs of one layer's attention over a whole prompt of ``prompt_tokens``, causal.
+
+    ``naive``: decompress every latent, then MHA; ``absorbed_dense``: fold the
+    up-projections into every query and output, then MQA over the latent;
+    ``absorbed_sparse``: the same, each query reading only its top-k latents;
+    ``indexer``: the indexer scoring every earlier token for every query.
+    """
+
+    prompt_tokens: int
+    top_k: int | None
+    naive: int
+    absorbed_dense: int
+    absorbed_sparse: int
+    indexer: int
+
+    @property
+    def sparse_total(self) -> int:
+        """What a DeepSeek-V3.2 prefill computes: sparse absorbed attention and its indexer."""
+        return self.absorbed_sparse + self.indexer
+
+
+def prefill_attention_flops(
+    shape: MLAShape, prompt_tokens: int, indexer: IndexerShape | None = None
+) -> PrefillAttentionFlops:
+    """FLOPs of a causal prefill of ``prompt_tokens`` on each path (projections left out).
+
+    Query ``t`` (1-based) sees ``t`` tokens, so a prompt has ``T (T + 1) / 2`` pairs:
+
+    - naive: ``2 T d_c H (d_n + d_v)`` to decompress, ``2 H (d_n + d_r + d_v)`` a pair;
+    - absorbed: ``2 T d_c H (d_n + d_v)`` to fold, ``2 H (2 d_c + d_r)`` a pair;
+    - sparse absorbed (DeepSeek-V3.2): the same fold, pairs capped at ``k`` per query,
+      so a query costs at most ``2 H k (2 d_c + d_r)`` however long the prompt;
+    - the indexer: ``2 H_I (d_I + 1)`` a pair, uncapped: ``H_I (d_I + 1) T (T + 1)``.
+
+    The V3.2 report runs DSA in MLA's MQA (absorbed) mode for prefill too
+    (DeepSeek-V3.2-Exp technical report, section 2.1; FlashMLA's sparse prefill kernel).
+    """
+    require_int(prompt_tokens, "prompt_tokens", 1)
+    t, heads = prompt_tokens, shape.num_heads
+    rank, rope = shape.kv_lora_rank, shape.qk_rope_head_dim
+    nope, value = shape.qk_nope_head_dim, shape.v_head_dim
+    up = 2 * t * shape.kv_b_params
+    pairs = _causal_pairs(t)
+    absorbed_pair = 2 * heads * (2 * rank + rope)
+    top_k = None if indexer is None else indexer.top_k
+    index = 0 if indexer is None else 2 * indexer.num_heads * (indexer.head_dim + 1) * pairs
+    return PrefillAttentionFlops(
+        prompt_tokens=t,
+        top_k=top_k,
+        naive=up + 2 * heads * (nope + rope + value) * pairs,
+        absorbed_dense=up + absorbed_pair * pairs,
+        absorbed_sparse=up + absorbed_pair * _causal_pairs(t, top_k),
+        indexer=index,
     )

@@ -23,7 +23,7 @@ from kvlib._validate import require_fraction, require_int
 from kvlib.bounds import kv_bytes_per_gpu
 from kvlib.config import ModelConfig
 from kvlib.dtypes import check_dtype
-from kvlib.hardware import GPUSpec
+from kvlib.hardware import VLLM_GPU_MEMORY_UTILIZATION, GPUSpec, vllm_budget_bytes
 from kvlib.sizing import kv_bytes, seats
 from kvlib.weights.layouts import WeightGroup, weight_groups
 from kvlib.weights.params import group_weight_bytes
@@ -91,22 +91,24 @@ def node_seats(
     kv_dtype: str = "bf16",
     weight_dtype: str | None = "bf16",
     attention: AttentionParallel = "tp",
-    gpu_memory_utilization: float = 0.9,
+    gpu_memory_utilization: float = VLLM_GPU_MEMORY_UTILIZATION,
 ) -> int:
     """Sequences of ``context_tokens`` that ``gpus`` GPUs hold at once.
 
-    Each GPU gives ``memory x utilization - weights`` to the cache (``memory`` as
-    the driver reports it; the activation workspace an engine also reserves is left
-    out, so this is an upper bound). Under TP every sequence has a share on every
-    GPU (:func:`kvlib.bounds.kv_bytes_per_gpu`: KV heads split, an MLA latent
-    whole on each), so the node holds what one GPU holds; under DP attention a
-    sequence lives on one GPU, so the node holds ``gpus`` times one GPU's seats.
+    Each GPU gives ``ceil(total x utilization) - weights`` to the cache, ``total``
+    being CUDA's, as vLLM multiplies it (:func:`kvlib.hardware.vllm_budget_bytes`;
+    the driver's where no CUDA reading is recorded). The activation workspace an
+    engine also reserves is left out, so this is an upper bound. Under TP every
+    sequence has a share on every GPU (:func:`kvlib.bounds.kv_bytes_per_gpu`: KV
+    heads split, an MLA latent whole on each), so the node holds what one GPU holds;
+    under DP attention a sequence lives on one GPU, so the node holds ``gpus``
+    times one GPU's seats.
     0 when the weights leave no room.
     """
     require_fraction(gpu_memory_utilization, "gpu_memory_utilization")
     require_int(context_tokens, "context_tokens", 1)
     weights = weight_bytes_per_gpu(cfg, gpus, weight_dtype, attention)
-    free = int(gpu.memory_bytes * gpu_memory_utilization) - weights
+    free = vllm_budget_bytes(gpu, gpu_memory_utilization) - weights
     if free <= 0:
         return 0
     if attention == "tp":

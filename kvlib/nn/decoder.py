@@ -143,7 +143,7 @@ class _Layer(nn.Module):
     def forward(
         self, x: torch.Tensor, positions: torch.Tensor, batch: Sequence[SeqInput],
         keys: torch.Tensor, values: torch.Tensor,
-    ) -> torch.Tensor:  # fmt: skip
+    ) -> torch.Tensor:
         n = x.shape[0]
         normed = self.input_layernorm(x)
         q = _rope(self.q_proj(normed).view(n, self.heads, self.head_dim), positions)  # (N, H, d)

@@ -30,6 +30,7 @@ from typing import Literal
 
 import torch
 
+from kvlib._validate import is_number
 from kvlib.nn.quant import FLOAT_SLACK, SMALLEST_SCALE, check_input, tensor_bytes
 
 __all__ = ["FP8_MAX", "Fp8Scaled", "Granularity", "quantize_fp8"]
@@ -117,7 +118,7 @@ def _static_scale(scale: float | torch.Tensor) -> torch.Tensor:
                 f"scale must be one number for granularity='tensor', got shape {tuple(scale.shape)}"
             )
         value = float(scale)
-    elif isinstance(scale, bool) or not isinstance(scale, int | float):
+    elif not is_number(scale):
         raise TypeError(f"scale must be a float or a one-element tensor, got {scale!r}")
     else:
         value = float(scale)

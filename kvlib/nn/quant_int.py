@@ -21,6 +21,15 @@ and never below :data:`kvlib.nn.quant.SMALLEST_SCALE` (float32's smallest normal
 number), so a range of subnormal values never gets a zero or inexact scale.
 Codes are packed two per byte: column ``2j`` in the low nibble, ``2j + 1`` in
 the high one; zero points are packed the same way.
+
+llama.cpp's ``q4_0`` (a 4-bit KV cache with ``--cache-type-k q4_0``): blocks of
+32 consecutive values, one fp16 scale each and no zero point; the scale maps the
+block's largest-magnitude value ``m`` (with its sign) to code 0 (ggml
+``quantize_row_q4_0_ref`` in ``ggml-quants.c``)::
+
+    d = m / -8,   q = min(15, floor(x / d + 8.5)),   x_hat = (q - 8) * d
+
+18 bytes per 32 values: 4.5 bits a value.
 """
 
 from __future__ import annotations
@@ -29,16 +38,21 @@ from dataclasses import dataclass
 
 import torch
 
+from kvlib._validate import is_int, require_int
 from kvlib.nn.quant import FLOAT_SLACK, SMALLEST_SCALE, check_input, tensor_bytes
 
 __all__ = [
     "Int4Grouped",
     "Int8PerChannel",
+    "Q4_0Blocks",
     "pack_int4",
     "quantize_int4",
     "quantize_int8",
+    "quantize_q4_0",
     "unpack_int4",
 ]
+
+Q4_0_BLOCK = 32  # ggml's QK4_0
 
 _SCALE_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
@@ -70,7 +84,7 @@ class Int8PerChannel:
 def quantize_int8(x: torch.Tensor, *, axis: int = 0) -> Int8PerChannel:
     """Symmetric int8 with one scale per index along ``axis`` (0: rows of a weight)."""
     x = check_input(x, min_rank=2)
-    if isinstance(axis, bool) or not isinstance(axis, int) or not -x.dim() <= axis < x.dim():
+    if not is_int(axis) or not -x.dim() <= axis < x.dim():
         raise ValueError(f"axis must be an int in [{-x.dim()}, {x.dim()}), got {axis!r}")
     axis %= x.dim()
     others = [d for d in range(x.dim()) if d != axis]
@@ -155,8 +169,7 @@ def quantize_int4(
 
 
 def _check_group_size(group_size: int, cols: int) -> None:
-    if isinstance(group_size, bool) or not isinstance(group_size, int) or group_size < 1:
-        raise ValueError(f"group_size must be a positive int, got {group_size!r}")
+    require_int(group_size, "group_size", 1)
     if cols % group_size:
         divisors = [g for g in (32, 64, 128, 256) if cols % g == 0] or [cols]
         raise ValueError(
@@ -203,3 +216,50 @@ def unpack_int4(packed: torch.Tensor, length: int) -> torch.Tensor:
     low, high = packed & 0x0F, packed >> 4
     both = torch.stack((low, high), dim=-1).flatten(start_dim=-2)
     return both[..., :length]
+
+
+@dataclass(frozen=True, eq=False)
+class Q4_0Blocks:
+    """llama.cpp ``q4_0``: packed 4-bit codes, one fp16 scale per 32 values of a row."""
+
+    packed: torch.Tensor  # uint8 (rows, cols / 2)
+    scale: torch.Tensor  # float16 (rows, cols / 32)
+    cols: int
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return (self.packed.shape[0], self.cols)
+
+    @property
+    def stored_bytes(self) -> int:
+        return tensor_bytes(self.packed, self.scale)
+
+    def dequantize(self) -> torch.Tensor:
+        rows = self.packed.shape[0]
+        codes = unpack_int4(self.packed, self.cols).to(torch.float32)
+        blocks = codes.view(rows, self.cols // Q4_0_BLOCK, Q4_0_BLOCK) - 8
+        return (blocks * self.scale.to(torch.float32).unsqueeze(-1)).view(rows, self.cols)
+
+
+def quantize_q4_0(x: torch.Tensor) -> Q4_0Blocks:
+    """``x`` (rows, cols) in llama.cpp's ``q4_0``, blocks of 32 along each row.
+
+    ``d = m / -8`` for the block's largest-magnitude value ``m``; codes
+    ``min(15, floor(x / d + 8.5))``. The value ``m`` itself is exact (code 0)
+    and the opposite extreme clips to code 15, ``-7 d``.
+    """
+    x = check_input(x, min_rank=2)
+    if x.dim() != 2 or x.shape[1] % Q4_0_BLOCK:
+        raise ValueError(
+            f"x must be 2-D with a multiple of {Q4_0_BLOCK} columns (q4_0 blocks), "
+            f"got shape {tuple(x.shape)}"
+        )
+    rows, cols = x.shape
+    blocks = x.to(torch.float32).view(rows, cols // Q4_0_BLOCK, Q4_0_BLOCK)
+    where = blocks.abs().argmax(dim=-1, keepdim=True)
+    extreme = blocks.gather(-1, where).squeeze(-1)  # the signed value of largest magnitude
+    d = extreme / -8  # codes use the float32 scale, the block stores it as fp16 (as ggml)
+    inv = torch.where(d != 0, 1 / d, torch.zeros_like(d))
+    codes = torch.floor(blocks * inv.unsqueeze(-1) + 8.5).clamp(0, 15)
+    packed = pack_int4(codes.view(rows, cols).to(torch.uint8))
+    return Q4_0Blocks(packed, d.to(torch.float16), cols)

@@ -14,7 +14,19 @@ retrieval at long context. One attention head, no model:
 - Recall: the attention output is closer (by dot product) to the needle's
   value than to any other value of the context.
 - K and V are stored in fp8 e4m3 (:mod:`kvlib.nn.quant_fp8`) with static
-  per-tensor scales (vLLM's ``k_scale`` / ``v_scale``) or per-token scales.
+  per-tensor scales (vLLM's ``k_scale`` / ``v_scale``) or per-token scales,
+  or in llama.cpp's 4-bit ``q4_0`` (:func:`kvlib.nn.quant_int.quantize_q4_0`,
+  blocks of 32 channels of each token, one fp16 scale each).
+- ``massive_share`` < 1 moves part of the query's weight onto ``ordinary_read``
+  ordinary channels, on which the needle also stands out: how much the
+  collapse depends on a query that reads only the saturating channels.
+
+Static scales come from calibration keys and values: ``max|x| / divisor``,
+``divisor`` 448 as llm-compressor stores them (the largest calibrated value
+lands on e4m3's top code), or vLLM's own ``calc_kv_scales`` constants, 200 for
+keys and 100 for values (``K_SCALE_CONSTANT``, ``V_SCALE_CONSTANT`` in
+``vllm/envs.py``; ``Attention.calc_kv_scales`` in ``vllm/attention/layer.py``),
+which leave 2.24x and 4.48x of headroom above the calibration maximum.
 
 Why a bad scale fails more as the context grows: a static scale too small for
 the keys (vLLM's default 1.0, or one calibrated on unrepresentative data)
@@ -35,9 +47,13 @@ from dataclasses import dataclass
 
 import torch
 
+from kvlib._validate import is_int, require_int
 from kvlib.nn.quant_fp8 import FP8_MAX, quantize_fp8
+from kvlib.nn.quant_int import quantize_q4_0
 
 __all__ = [
+    "VLLM_K_SCALE_CONSTANT",
+    "VLLM_V_SCALE_CONSTANT",
     "Calibration",
     "Head",
     "RecallCurve",
@@ -49,6 +65,9 @@ __all__ = [
 
 # The largest e4m3 value below 448 is 416; from their midpoint up, rounding gives 448.
 _SATURATES_FROM = 432.0
+# vLLM's calc_kv_scales: k_scale = max|K| / 200, v_scale = max|V| / 100 (vllm/envs.py).
+VLLM_K_SCALE_CONSTANT = 200.0
+VLLM_V_SCALE_CONSTANT = 100.0
 
 
 @dataclass(frozen=True)
@@ -68,6 +87,7 @@ class Head:
     massive_std: float = 200.0
     needle_sigmas: float = 5.0
     query_norm: float = 32.0
+    ordinary_read: int = 8  # ordinary channels a query reads when massive_share < 1
 
     def __post_init__(self) -> None:
         if not 1 <= self.massive_channels < self.head_dim:
@@ -78,6 +98,8 @@ class Head:
         for name in ("massive_std", "needle_sigmas", "query_norm"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)!r}")
+        if self.ordinary_read < 1:
+            raise ValueError(f"ordinary_read must be >= 1, got {self.ordinary_read!r}")
 
     def keys(self, tokens: int, generator: torch.Generator) -> torch.Tensor:
         """Haystack keys, (tokens, head_dim)."""
@@ -95,11 +117,30 @@ class Head:
         k[:, : self.massive_channels] = self.needle_sigmas * self.massive_std * signs
         return k
 
-    def queries(self, signs: torch.Tensor) -> torch.Tensor:
-        """Queries reading the massive channels only, with the needle's signs: (n, head_dim)."""
+    def queries(
+        self,
+        signs: torch.Tensor,
+        massive_share: float = 1.0,
+        ordinary_signs: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """Queries with the needle's signs, (n, head_dim): a share ``massive_share`` of the
+        logit's variance from the massive channels, the rest from ``ordinary_read``
+        ordinary ones (``ordinary_signs``, (n, ordinary_read)). A haystack logit's
+        standard deviation is ``query_norm / sqrt(head_dim)`` whatever the share."""
+        m, r = self.massive_channels, self.ordinary_read
         q = torch.zeros(signs.shape[0], self.head_dim)
-        length = self.query_norm / self.massive_std
-        q[:, : self.massive_channels] = length * signs / math.sqrt(self.massive_channels)
+        length = self.query_norm / self.massive_std * math.sqrt(massive_share)
+        q[:, :m] = length * signs / math.sqrt(m)
+        if massive_share < 1:
+            if ordinary_signs is None:
+                raise ValueError("a query with massive_share < 1 needs ordinary_signs")
+            if m + r > self.head_dim:
+                raise ValueError(
+                    f"ordinary_read = {r} does not fit beside {m} massive channels in "
+                    f"head_dim = {self.head_dim}: lower ordinary_read"
+                )
+            rest = self.query_norm * math.sqrt(1 - massive_share)
+            q[:, m : m + r] = rest * ordinary_signs / math.sqrt(r)
         return q
 
 
@@ -116,16 +157,21 @@ class Calibration:
     k_scale: float | None = None
     v_scale: float | None = None
     per_token: bool = False
+    q4_0: bool = False  # llama.cpp's 4-bit blocks of 32 channels per token
 
     def __post_init__(self) -> None:
         static = (self.k_scale is not None, self.v_scale is not None)
         if static[0] != static[1]:
             raise ValueError(f"{self.name}: give both k_scale and v_scale, or neither")
-        if self.per_token and static[0]:
-            raise ValueError(f"{self.name}: per_token scales are computed, not given")
+        if (self.per_token or self.q4_0) and static[0]:
+            raise ValueError(f"{self.name}: per_token and q4_0 scales are computed, not given")
+        if self.per_token and self.q4_0:
+            raise ValueError(f"{self.name}: choose per_token (fp8) or q4_0, not both")
 
     def store(self, x: torch.Tensor, scale: float | None) -> torch.Tensor:
         """``x`` as the cache holds it, read back to float32."""
+        if self.q4_0:
+            return quantize_q4_0(x).dequantize()
         if self.per_token:
             return quantize_fp8(x, granularity="token").dequantize()
         if scale is None:
@@ -133,12 +179,27 @@ class Calibration:
         return quantize_fp8(x, scale=scale).dequantize()
 
 
-def calibrate(name: str, keys: torch.Tensor, values: torch.Tensor) -> Calibration:
-    """Static per-tensor scales from calibration data: ``max|x| / 448`` for K and for V."""
+def calibrate(
+    name: str,
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    *,
+    k_divisor: float = FP8_MAX,
+    v_divisor: float = FP8_MAX,
+) -> Calibration:
+    """Static per-tensor scales from calibration data: ``max|x| / divisor``.
+
+    The default divisor, 448, is llm-compressor's; vLLM's ``calc_kv_scales`` uses
+    :data:`VLLM_K_SCALE_CONSTANT` (200) for keys and :data:`VLLM_V_SCALE_CONSTANT`
+    (100) for values.
+    """
+    for label, divisor in (("k_divisor", k_divisor), ("v_divisor", v_divisor)):
+        if not divisor > 0:
+            raise ValueError(f"{label} must be positive, got {divisor!r}")
     return Calibration(
         name,
-        k_scale=float(keys.abs().max()) / FP8_MAX,
-        v_scale=float(values.abs().max()) / FP8_MAX,
+        k_scale=float(keys.abs().max()) / k_divisor,
+        v_scale=float(values.abs().max()) / v_divisor,
     )
 
 
@@ -160,18 +221,21 @@ def recall_curves(
     haystacks: int = 8,
     needles: int = 32,
     seed: int = 0,
+    massive_share: float = 1.0,
 ) -> dict[str, RecallCurve]:
     """Recall of each calibration at each context, on the same seeded haystacks and needles.
 
     Each of ``haystacks`` haystacks is drawn once at the longest context; a
     shorter context is its prefix. Each haystack hides ``needles`` needles, one
-    at a time, at a uniform position within each context.
+    at a time, at a uniform position within each context. ``massive_share``:
+    the share of the query on the massive channels (:meth:`Head.queries`).
     """
+    if not isinstance(massive_share, int | float) or not 0 < massive_share <= 1:
+        raise ValueError(f"massive_share must be in (0, 1], got {massive_share!r}")
     head = head or Head()
     contexts = _check_contexts(contexts)
     for name, value in (("haystacks", haystacks), ("needles", needles)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"{name} must be a positive int, got {value!r}")
+        require_int(value, name, 1)
     names = [c.name for c in calibrations]
     if not names or len(set(names)) != len(names):
         raise ValueError(f"calibrations need distinct names, got {names}")
@@ -182,10 +246,17 @@ def recall_curves(
         signs = torch.randint(0, 2, (needles, head.massive_channels), generator=g) * 2.0 - 1
         needle_k, needle_v = head.needle_keys(signs, g), head.values(needles, g)
         where = torch.rand(needles, generator=g)
+        ordinary = None
+        if massive_share < 1:  # drawn last, so a massive-only run keeps its draws
+            shape = (needles, head.ordinary_read)
+            ordinary = torch.randint(0, 2, shape, generator=g) * 2.0 - 1
+            read = slice(head.massive_channels, head.massive_channels + head.ordinary_read)
+            needle_k[:, read] = head.needle_sigmas * ordinary
+        queries = head.queries(signs, massive_share, ordinary)
         for cal in calibrations:
             stored = _Stored(cal, keys, values, needle_k, needle_v)
             for i, tokens in enumerate(contexts):
-                found = stored.retrieve(head.queries(signs), (where * tokens).long(), tokens)
+                found = stored.retrieve(queries, (where * tokens).long(), tokens)
                 hits[cal.name][i] += int(found.sum())
     trials = haystacks * needles
     return {
@@ -246,7 +317,7 @@ def tie_recall_bound(head: Head, k_scale: float, contexts: Sequence[int]) -> lis
 
 def _check_contexts(contexts: Sequence[int]) -> list[int]:
     values = list(contexts)
-    if not values or any(isinstance(t, bool) or not isinstance(t, int) or t < 1 for t in values):
+    if not values or any(not is_int(t) or t < 1 for t in values):
         raise ValueError(f"contexts must be positive ints, got {contexts!r}")
     if values != sorted(set(values)):
         raise ValueError(f"contexts must be increasing, got {values}")

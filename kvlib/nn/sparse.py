@@ -24,6 +24,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from kvlib._validate import require_int
 from kvlib.nn.mla import rotate_half_split
 
 __all__ = ["LightningIndexer", "attend_dense", "attend_selected", "select_top_k"]
@@ -94,8 +95,7 @@ def select_top_k(
     ``valid`` ``(B, S, k)``: False where a query has fewer than ``k`` visible tokens
     and the pick is a masked one.
     """
-    if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1:
-        raise ValueError(f"top_k must be a positive integer, got {top_k!r}")
+    require_int(top_k, "top_k", 1)
     tokens = scores.shape[-1]
     future = torch.arange(tokens, device=scores.device)[None, :] > query_positions[:, None]
     masked = scores.masked_fill(future, float("-inf"))  # (B, S, T)

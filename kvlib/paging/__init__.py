@@ -5,6 +5,7 @@
 - :mod:`kvlib.paging.prefix`: block hashes and prefix-cache hits;
 - :mod:`kvlib.paging.vllm_pool`: vLLM's page sizes, blocks in a memory budget and
   its two start-up lines;
+- :mod:`kvlib.paging.step_bytes`: the bytes a decode step reads through a block table;
 - :mod:`kvlib.paging.fragmentation`: reservation policies against paging, simulated.
 
 Standard library only.

@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 
+from kvlib._validate import require_int
 from kvlib.paging.prefix import BlockHash
 
 __all__ = ["Block", "BlockPool", "FreeBlockQueue", "OutOfBlocksError"]
@@ -94,8 +95,7 @@ class BlockPool:
         self, num_blocks: int, block_size: int, *, enable_prefix_caching: bool = True
     ) -> None:
         for name, value in (("num_blocks", num_blocks), ("block_size", block_size)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+            require_int(value, name, 1)
         self.block_size = block_size
         self.enable_prefix_caching = enable_prefix_caching
         self.blocks: tuple[Block, ...] = tuple(Block(i) for i in range(num_blocks))
@@ -139,8 +139,7 @@ class BlockPool:
 
     def allocate(self, n: int) -> list[Block]:
         """Take ``n`` blocks from the head of the free queue, evicting their cached hashes."""
-        if isinstance(n, bool) or not isinstance(n, int) or n < 0:
-            raise ValueError(f"n must be a non-negative integer, got {n!r}")
+        require_int(n, "n")
         self.ensure_free(n)
         taken = [self._free.popleft() for _ in range(n)]
         for block in taken:

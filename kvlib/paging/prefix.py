@@ -1,8 +1,11 @@
 """Prefix caching: block hashes chained through a sequence, and what sharing saves.
 
 A *full* block of ``block_size`` tokens is identified by a hash of its parent
-block's hash, its own token ids and any extra keys (an adapter name, a cache
-salt, an image's hash): ``h_i = H(h_{i-1}, tokens_i, extra)``. Because each hash
+block's hash, its own token ids and its extra keys: ``h_i = H(h_{i-1}, tokens_i,
+extra_i)``. vLLM's ``generate_block_hash_extra_keys`` puts a LoRA adapter's name
+(and an image's hash, for the blocks it covers) in every block's keys, and the
+request's cache salt in block 0's only (``start_token_idx == 0``): the chain
+carries it to every later block. Because each hash
 folds in its parent's, two sequences share block ``i`` only if they agree on
 *every* token up to the end of that block. This is vLLM v1's scheme
 (``hash_block_tokens`` and ``get_request_block_hasher`` in
@@ -24,11 +27,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import NewType
 
+from kvlib._validate import cdiv, is_int, require_int
+
 __all__ = [
     "ROOT_HASH",
     "BlockHash",
     "ExtraKey",
     "PrefixSharing",
+    "block_extra_keys",
     "block_hashes",
     "cacheable_blocks",
     "hash_block_tokens",
@@ -42,21 +48,11 @@ ExtraKey = str | int | bytes
 ROOT_HASH = BlockHash(hashlib.sha256(b"kvlib.paging.prefix root block").digest())
 
 
-def _check_positive(name: str, value: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name} must be a positive integer, got {value!r}")
-
-
-def _check_count(name: str, value: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ValueError(f"{name} must be a non-negative integer, got {value!r}")
-
-
 def _encode_extra(extra_keys: Sequence[ExtraKey]) -> bytes:
     """A byte string that tells apart ``("a", 1)``, ``("a1",)``, ``(b"a", 1)``."""
     parts = []
     for key in extra_keys:
-        if isinstance(key, bool) or not isinstance(key, str | int | bytes):
+        if not (is_int(key) or isinstance(key, str | bytes)):
             raise TypeError(
                 f"an extra key must be a str, int or bytes (an adapter name, a salt), "
                 f"got {type(key).__name__}"
@@ -78,7 +74,7 @@ def hash_block_tokens(
     little-endian 64-bit integers, so the hash does not depend on the machine.
     """
     tokens = list(token_ids)
-    if any(isinstance(t, bool) or not isinstance(t, int) or t < 0 for t in tokens):
+    if any(not is_int(t) or t < 0 for t in tokens):
         raise ValueError("token ids must be non-negative integers")
     digest = hashlib.sha256(parent if parent is not None else ROOT_HASH)
     digest.update(struct.pack(f"<Q{len(tokens)}q", len(tokens), *tokens))
@@ -86,15 +82,34 @@ def hash_block_tokens(
     return BlockHash(digest.digest())
 
 
+def block_extra_keys(
+    block_index: int, extra_keys: Sequence[ExtraKey] = (), cache_salt: str | None = None
+) -> tuple[ExtraKey, ...]:
+    """The extra keys of block ``block_index``: ``extra_keys`` (an adapter's name) on
+    every block, the cache salt on block 0 only (vLLM's ``generate_block_hash_extra_keys``)."""
+    require_int(block_index, "block_index")
+    if cache_salt is not None and (not isinstance(cache_salt, str) or not cache_salt):
+        raise ValueError(f"cache_salt must be a non-empty string or None, got {cache_salt!r}")
+    salt: tuple[ExtraKey, ...] = (cache_salt,) if block_index == 0 and cache_salt else ()
+    return tuple(extra_keys) + salt
+
+
 def block_hashes(
-    token_ids: Sequence[int], block_size: int, extra_keys: Sequence[ExtraKey] = ()
+    token_ids: Sequence[int],
+    block_size: int,
+    extra_keys: Sequence[ExtraKey] = (),
+    cache_salt: str | None = None,
 ) -> list[BlockHash]:
-    """The hash of every *full* block of ``token_ids``; a partial tail gets none."""
-    _check_positive("block_size", block_size)
+    """The hash of every *full* block of ``token_ids``; a partial tail gets none.
+
+    ``extra_keys`` go into every block's hash, ``cache_salt`` into block 0's only.
+    """
+    require_int(block_size, "block_size", 1)
     hashes: list[BlockHash] = []
     parent: BlockHash | None = None
-    for start in range(0, len(token_ids) - block_size + 1, block_size):
-        parent = hash_block_tokens(parent, token_ids[start : start + block_size], extra_keys)
+    for index, start in enumerate(range(0, len(token_ids) - block_size + 1, block_size)):
+        keys = block_extra_keys(index, extra_keys, cache_salt)
+        parent = hash_block_tokens(parent, token_ids[start : start + block_size], keys)
         hashes.append(parent)
     return hashes
 
@@ -106,9 +121,9 @@ def cacheable_blocks(shared_tokens: int, prompt_tokens: int, block_size: int) ->
     block holding the prompt's last token when the whole prompt matches, since
     that token must be recomputed to produce the first output's logits.
     """
-    _check_count("shared_tokens", shared_tokens)
-    _check_positive("prompt_tokens", prompt_tokens)
-    _check_positive("block_size", block_size)
+    require_int(shared_tokens, "shared_tokens")
+    require_int(prompt_tokens, "prompt_tokens", 1)
+    require_int(block_size, "block_size", 1)
     if shared_tokens > prompt_tokens:
         raise ValueError(
             f"shared_tokens ({shared_tokens}) cannot exceed prompt_tokens ({prompt_tokens})"
@@ -133,7 +148,7 @@ class PrefixSharing:
     @property
     def blocks_per_request(self) -> int:
         """``cdiv(prompt, B)``: whole blocks one prompt needs on its own."""
-        return -(-self.prompt_tokens // self.block_size)
+        return cdiv(self.prompt_tokens, self.block_size)
 
     @property
     def blocks_without_sharing(self) -> int:
@@ -176,10 +191,10 @@ def prefix_sharing(
     and 16-token blocks, 62 blocks (992 tokens) are shared and the last 8
     prefix tokens are recomputed by every request, in a block of its own.
     """
-    _check_positive("num_requests", num_requests)
-    _check_count("shared_prefix_tokens", shared_prefix_tokens)
-    _check_count("unique_tokens", unique_tokens)
-    _check_positive("block_size", block_size)
+    require_int(num_requests, "num_requests", 1)
+    require_int(shared_prefix_tokens, "shared_prefix_tokens")
+    require_int(unique_tokens, "unique_tokens")
+    require_int(block_size, "block_size", 1)
     prompt = shared_prefix_tokens + unique_tokens
     if prompt == 0:
         raise ValueError("a prompt needs at least one token: shared prefix + unique tokens > 0")

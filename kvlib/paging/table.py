@@ -21,9 +21,6 @@ hashes in ``vllm/v1/core/kv_cache_utils.py`` (read at commit ``001cabc1be16``):
   writing into a shared, partly filled last block first copies it
   (copy-on-write). Full blocks are never written again, so they never copy.
 
-The prefix-sharing arithmetic of :mod:`kvlib.paging.prefix` (:func:`prefix_sharing`) is
-re-exported here, so graded notebooks can import it with the rest of paging.
-
 Differences from vLLM, on purpose: no null block (vLLM reserves block 0 as a
 placeholder, so its scheduler can use ``num_blocks - 1``), one block per hash
 (vLLM may keep duplicates), and one KV cache group (no hybrid models).
@@ -34,35 +31,24 @@ from __future__ import annotations
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 
-from kvlib.paging.block_pool import Block, BlockPool, FreeBlockQueue, OutOfBlocksError
+from kvlib._validate import cdiv, is_int, require_int
+from kvlib.paging.block_pool import Block, BlockPool
 from kvlib.paging.prefix import (
     BlockHash,
     ExtraKey,
-    PrefixSharing,
+    block_extra_keys,
     block_hashes,
     hash_block_tokens,
-    prefix_sharing,
 )
 
-__all__ = [
-    "Block",
-    "BlockPool",
-    "FreeBlockQueue",
-    "OutOfBlocksError",
-    "PagedKVCache",
-    "PrefixSharing",
-    "blocks_for_tokens",
-    "prefix_sharing",
-]
+__all__ = ["PagedKVCache", "blocks_for_tokens"]
 
 
 def blocks_for_tokens(num_tokens: int, block_size: int) -> int:
     """``cdiv(T, B)``: whole blocks that hold ``num_tokens`` (a partial block is a block)."""
-    if isinstance(num_tokens, bool) or not isinstance(num_tokens, int) or num_tokens < 0:
-        raise ValueError(f"num_tokens must be a non-negative integer, got {num_tokens!r}")
-    if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1:
-        raise ValueError(f"block_size must be a positive integer, got {block_size!r}")
-    return -(-num_tokens // block_size)
+    require_int(num_tokens, "num_tokens")
+    require_int(block_size, "block_size", 1)
+    return cdiv(num_tokens, block_size)
 
 
 @dataclass(eq=False)
@@ -71,13 +57,14 @@ class _Sequence:
     blocks: list[Block]
     hashes: list[BlockHash]
     extra_keys: tuple[ExtraKey, ...]
+    cache_salt: str | None = None
 
 
 class PagedKVCache:
     """Block tables over a :class:`BlockPool`: add, grow, fork and free sequences.
 
     Every method that needs blocks checks that enough are free *before*
-    changing anything, and raises :class:`OutOfBlocksError` otherwise.
+    changing anything, and raises :class:`~kvlib.paging.block_pool.OutOfBlocksError` otherwise.
     """
 
     def __init__(
@@ -123,16 +110,25 @@ class PagedKVCache:
         return block.block_id * self.block_size + position % self.block_size
 
     def add_sequence(
-        self, seq_id: Hashable, token_ids: Sequence[int], *, extra_keys: Sequence[ExtraKey] = ()
+        self,
+        seq_id: Hashable,
+        token_ids: Sequence[int],
+        *,
+        extra_keys: Sequence[ExtraKey] = (),
+        cache_salt: str | None = None,
     ) -> int:
-        """Give a prompt its blocks, reusing cached full blocks; return the tokens found cached."""
+        """Give a prompt its blocks, reusing cached full blocks; return the tokens found cached.
+
+        ``extra_keys`` (an adapter's name) enter every block's hash, ``cache_salt`` block
+        0's only, as in vLLM (:func:`kvlib.paging.prefix.block_extra_keys`).
+        """
         if seq_id in self._seqs:
             raise ValueError(f"sequence {seq_id!r} already exists: free it or pick another id")
         tokens = list(token_ids)
         if not tokens:
             raise ValueError("a sequence needs at least one token")
         extra = tuple(extra_keys)
-        hashes = block_hashes(tokens, self.block_size, extra)
+        hashes = block_hashes(tokens, self.block_size, extra, cache_salt)
         hits: list[Block] = []
         # The prompt's last token is always recomputed: it yields the first output's logits.
         for block_hash in hashes[: (len(tokens) - 1) // self.block_size]:
@@ -147,7 +143,7 @@ class PagedKVCache:
         blocks = hits + self.pool.allocate(new)
         for i in range(len(hits), len(hashes)):
             self.pool.cache_block(blocks[i], hashes[i])
-        self._seqs[seq_id] = _Sequence(tokens, blocks, hashes, extra)
+        self._seqs[seq_id] = _Sequence(tokens, blocks, hashes, extra, cache_salt)
         self.prefix_query_tokens += len(tokens)
         self.prefix_hit_tokens += len(hits) * self.block_size
         return len(hits) * self.block_size
@@ -164,7 +160,7 @@ class PagedKVCache:
         """Add generated tokens: fill the last block, copy it first if shared, then new blocks."""
         seq = self._seq(seq_id)
         tokens = list(token_ids)
-        if any(isinstance(t, bool) or not isinstance(t, int) or t < 0 for t in tokens):
+        if any(not is_int(t) or t < 0 for t in tokens):
             raise ValueError("token ids must be non-negative integers")
         needed = self.blocks_needed(seq_id, len(tokens))
         self.pool.ensure_free(needed)
@@ -184,9 +180,8 @@ class PagedKVCache:
         while len(seq.hashes) < len(seq.token_ids) // size:
             i = len(seq.hashes)
             parent = seq.hashes[-1] if seq.hashes else None
-            block_hash = hash_block_tokens(
-                parent, seq.token_ids[i * size : (i + 1) * size], seq.extra_keys
-            )
+            keys = block_extra_keys(i, seq.extra_keys, seq.cache_salt)
+            block_hash = hash_block_tokens(parent, seq.token_ids[i * size : (i + 1) * size], keys)
             seq.hashes.append(block_hash)
             if seq.blocks[i].block_hash is None:
                 self.pool.cache_block(seq.blocks[i], block_hash)
@@ -198,7 +193,11 @@ class PagedKVCache:
             raise ValueError(f"sequence {child_id!r} already exists: pick another id")
         self.pool.touch(parent.blocks)
         self._seqs[child_id] = _Sequence(
-            list(parent.token_ids), list(parent.blocks), list(parent.hashes), parent.extra_keys
+            list(parent.token_ids),
+            list(parent.blocks),
+            list(parent.hashes),
+            parent.extra_keys,
+            parent.cache_salt,
         )
 
     def free(self, seq_id: Hashable) -> None:

@@ -39,13 +39,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from kvlib._validate import cdiv, is_int, require_int
 from kvlib.config import ModelConfig
-from kvlib.specs import (
-    CacheSpec,
-    ChunkedLocal,
-    FullAttention,
-    SlidingWindow,
-)
+from kvlib.hardware import VLLM_GPU_MEMORY_UTILIZATION, GPUSpec, vllm_budget_bytes
+from kvlib.specs import CacheSpec, vllm_group_spec
 
 __all__ = [
     "DEFAULT_BLOCK_SIZE",
@@ -55,26 +52,18 @@ __all__ = [
     "LayerPage",
     "blocks_per_sequence",
     "kv_cache_groups",
+    "kv_memory_on_gpu",
     "kv_memory_range",
     "kv_pool",
     "layer_page_bytes",
     "layer_pages",
-    "page_bytes",
+    "unified_page_bytes",
 ]
 
 DEFAULT_BLOCK_SIZE = 16  # vLLM's default --block-size on CUDA
 # Chunked-prefill budget; vLLM's default depends on version, GPU and entry point
 # (2,048 to 16,384 tokens). It only changes the budget of sliding/chunked layers.
 DEFAULT_MAX_NUM_BATCHED_TOKENS = 8192
-
-
-def _positive(name: str, value: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name} must be a positive integer, got {value!r}")
-
-
-def _cdiv(a: int, b: int) -> int:
-    return -(-a // b)
 
 
 @dataclass(frozen=True)
@@ -99,8 +88,8 @@ def layer_pages(
     cfg: ModelConfig, block_size: int = DEFAULT_BLOCK_SIZE, kv_dtype: str = "bf16", tp: int = 1
 ) -> list[LayerPage]:
     """Each paged layer of ``cfg``; layers reading another layer's cache have none."""
-    _positive("block_size", block_size)
-    _positive("tp", tp)
+    require_int(block_size, "block_size", 1)
+    require_int(tp, "tp", 1)
     pages = []
     for i, spec in enumerate(cfg.layers):
         try:
@@ -130,11 +119,7 @@ class KVCacheGroup:
     @property
     def spec(self) -> CacheSpec:
         """A one-head layer of this group's kind: its block formulas are the group's."""
-        if self.kind == "sliding" and self.window_tokens is not None:
-            return SlidingWindow(1, 1, self.window_tokens)
-        if self.kind == "chunked" and self.window_tokens is not None:
-            return ChunkedLocal(1, 1, self.window_tokens)
-        return FullAttention(1, 1)
+        return vllm_group_spec(self.kind, self.window_tokens)
 
     def blocks_per_request(self, max_model_len: int, max_num_batched_tokens: int) -> int:
         """Blocks vLLM budgets one request of ``max_model_len`` tokens in this group
@@ -168,9 +153,9 @@ def _hybrid_groups(pages: list[LayerPage]) -> list[KVCacheGroup]:
         group_size = max(counts)  # pad the smaller type rather than split the larger
     groups = []
     for (kind, window, block), count in by_type.items():
-        for i in range(_cdiv(count, group_size)):
+        for i in range(cdiv(count, group_size)):
             # layers[i::num_groups], as vLLM assigns them
-            in_group = len(range(i, count, _cdiv(count, group_size)))
+            in_group = len(range(i, count, cdiv(count, group_size)))
             groups.append(KVCacheGroup(kind, window, block, largest, in_group))
     return groups
 
@@ -183,7 +168,7 @@ def kv_cache_groups(
     first = pages[0]
     if all(p == first for p in pages):
         return [KVCacheGroup(first.kind, first.window_tokens, block_size, first.page_bytes,
-                             len(pages))]  # fmt: skip
+                             len(pages))]
     if len({(p.kind, p.window_tokens) for p in pages}) == 1:
         # UniformTypeKVCacheSpecs: one group whose page is the sum of the layers' pages.
         total = sum(p.page_bytes for p in pages)
@@ -231,12 +216,12 @@ def kv_pool(
     max_num_batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS,
 ) -> KVPool:
     """vLLM's pool for ``cfg`` in ``kv_memory_bytes`` of KV memory per GPU."""
-    if isinstance(kv_memory_bytes, bool) or not isinstance(kv_memory_bytes, int):
+    if not is_int(kv_memory_bytes):
         raise ValueError(f"kv_memory_bytes must be an int number of bytes, got {kv_memory_bytes!r}")
     if kv_memory_bytes < 0:
         raise ValueError(f"kv_memory_bytes must be non-negative, got {kv_memory_bytes:,}")
-    _positive("max_model_len", max_model_len)
-    _positive("max_num_batched_tokens", max_num_batched_tokens)
+    require_int(max_model_len, "max_model_len", 1)
+    require_int(max_num_batched_tokens, "max_num_batched_tokens", 1)
     groups = kv_cache_groups(cfg, block_size, kv_dtype, tp)
     page = groups[0].page_bytes * max(g.num_layers for g in groups)
     num_blocks = kv_memory_bytes // page
@@ -254,10 +239,44 @@ def kv_pool(
     )
 
 
-def page_bytes(
+def kv_memory_on_gpu(
+    gpu: GPUSpec,
+    weight_bytes_per_gpu: int,
+    *,
+    runtime_bytes: int = 0,
+    gpu_memory_utilization: float = VLLM_GPU_MEMORY_UTILIZATION,
+) -> int:
+    """KV memory vLLM gives one GPU: ``ceil(u x total) - weights - runtime``.
+
+    ``total`` is CUDA's (``torch.cuda.mem_get_info``), as vLLM's ``request_memory``
+    multiplies it (``vllm/v1/worker/utils.py``), or the driver's where no CUDA
+    reading is recorded (:func:`kvlib.hardware.vllm_budget_bytes`).
+    ``runtime_bytes`` stands for what vLLM's profile run measures besides the
+    weights (peak activations, non-torch memory, CUDA graphs:
+    ``Worker.determine_available_memory`` in ``vllm/v1/worker/gpu_worker.py``); 0
+    gives an upper bound. Raises when nothing is left.
+    """
+    require_int(weight_bytes_per_gpu, "weight_bytes_per_gpu")
+    require_int(runtime_bytes, "runtime_bytes")
+    free = vllm_budget_bytes(gpu, gpu_memory_utilization) - weight_bytes_per_gpu - runtime_bytes
+    if free <= 0:
+        raise ValueError(
+            f"the weights ({weight_bytes_per_gpu:,} B) and runtime ({runtime_bytes:,} B) fill "
+            f"{gpu_memory_utilization} x {gpu.name}'s {gpu.vllm_total_label} total: raise "
+            "gpu_memory_utilization, the tensor-parallel degree or quantize the weights"
+        )
+    return free
+
+
+def unified_page_bytes(
     cfg: ModelConfig, block_size: int = DEFAULT_BLOCK_SIZE, kv_dtype: str = "bf16", tp: int = 1
 ) -> int:
-    """Bytes one block id spans over every layer on one GPU (vLLM's page sizes summed)."""
+    """Bytes one block id spans over every layer on one GPU, after vLLM unifies page sizes.
+
+    ``group page x layers per group`` (``KVCacheConfig``'s tensors, one per layer of the
+    largest group). Equals :func:`kvlib.sizing.summed_page_bytes` when every layer is of
+    one type; on a hybrid model the groups' block sizes grow to a common page first.
+    """
     groups = kv_cache_groups(cfg, block_size, kv_dtype, tp)
     return groups[0].page_bytes * max(g.num_layers for g in groups)
 
@@ -274,7 +293,7 @@ def blocks_per_sequence(
 
     ``cdiv(T, B)`` for a model of full-attention (or MLA) layers only.
     """
-    _positive("context_tokens", context_tokens)
+    require_int(context_tokens, "context_tokens", 1)
     return sum(
         g.blocks_per_request(context_tokens, max_num_batched_tokens)
         for g in kv_cache_groups(cfg, block_size, kv_dtype)
@@ -295,13 +314,12 @@ def kv_memory_range(
     """
     groups = kv_cache_groups(cfg, block_size, kv_dtype, tp)
     per_round = min(g.block_size for g in groups)
-    if isinstance(logged_tokens, bool) or not isinstance(logged_tokens, int) or logged_tokens < 0:
-        raise ValueError(f"logged_tokens must be a non-negative integer, got {logged_tokens!r}")
+    require_int(logged_tokens, "logged_tokens")
     if logged_tokens % per_round:
         raise ValueError(
             f"{logged_tokens:,} tokens is not a whole number of {per_round}-token blocks: "
             "vLLM cannot log it with this block size"
         )
-    page = page_bytes(cfg, block_size, kv_dtype, tp)
+    page = unified_page_bytes(cfg, block_size, kv_dtype, tp)
     first = logged_tokens // per_round * len(groups)
     return first * page, (first + len(groups)) * page

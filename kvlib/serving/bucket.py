@@ -34,6 +34,8 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
+from kvlib._validate import WrongTypeError, is_int, is_number, require_positive
+
 __all__ = [
     "EPSILON_TOKENS",
     "Decision",
@@ -41,7 +43,6 @@ __all__ = [
     "burst_admits",
     "check_cost",
     "per_minute",
-    "require_positive",
     "settlement",
 ]
 
@@ -52,7 +53,7 @@ EPSILON_TOKENS = 1e-9
 
 def per_minute(limit_per_minute: float) -> float:
     """A per-minute limit (RPM or TPM) as a refill rate per second: ``limit / 60``."""
-    return require_positive("limit_per_minute", limit_per_minute) / 60.0
+    return require_positive(limit_per_minute, "limit_per_minute") / 60.0
 
 
 @dataclass(frozen=True)
@@ -85,18 +86,9 @@ class Decision:
         return {"Retry-After": str(max(1, math.ceil(self.retry_after_s)))}
 
 
-def require_positive(name: str, value: float) -> float:
-    """``value`` as a float if it is a positive finite number, else an error naming ``name``."""
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise TypeError(f"{name} must be a number, got {type(value).__name__}")
-    if not math.isfinite(value) or value <= 0:
-        raise ValueError(f"{name} must be a positive finite number, got {value!r}")
-    return float(value)
-
-
 def check_cost(cost: float, capacity: float, what: str = "cost") -> float:
     """A request's cost in tokens, refused if negative or larger than the bucket can ever hold."""
-    if isinstance(cost, bool) or not isinstance(cost, int | float) or not math.isfinite(cost):
+    if not is_number(cost) or not math.isfinite(cost):
         raise ValueError(f"{what} must be a finite number of tokens, got {cost!r}")
     if cost < 0:
         raise ValueError(f"{what} must be at least 0 tokens, got {cost!r}")
@@ -111,8 +103,8 @@ def check_cost(cost: float, capacity: float, what: str = "cost") -> float:
 def settlement(estimated_tokens: float, actual_tokens: float) -> float:
     """``actual - estimated``: the tokens still to charge (negative: to refund), checked."""
     for name, value in (("estimated_tokens", estimated_tokens), ("actual_tokens", actual_tokens)):
-        if isinstance(value, bool) or not isinstance(value, int | float):
-            raise TypeError(f"{name} must be a number of tokens, got {type(value).__name__}")
+        if not is_number(value):
+            raise WrongTypeError(f"{name} must be a number of tokens, got {type(value).__name__}")
         if not math.isfinite(value) or value < 0:
             raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
     return float(actual_tokens) - float(estimated_tokens)
@@ -132,8 +124,8 @@ class TokenBucket:
         clock: Callable[[], float] = time.monotonic,
         tokens: float | None = None,
     ) -> None:
-        self.capacity = require_positive("capacity", capacity)
-        self.refill_per_s = require_positive("refill_per_s", refill_per_s)
+        self.capacity = require_positive(capacity, "capacity")
+        self.refill_per_s = require_positive(refill_per_s, "refill_per_s")
         self._clock = clock
         self._tokens = self.capacity if tokens is None else float(tokens)
         if not self._tokens <= self.capacity:
@@ -166,7 +158,7 @@ class TokenBucket:
 
     def admits_for_burst(self, requests: int, cost: float = 1.0) -> int:
         """Admit a burst of ``requests`` arriving now, each of ``cost``; return how many got in."""
-        if isinstance(requests, bool) or not isinstance(requests, int) or requests < 0:
+        if not is_int(requests) or requests < 0:
             raise ValueError(f"requests must be a whole number >= 0, got {requests!r}")
         return sum(self.try_acquire(cost).admitted for _ in range(requests))
 

@@ -32,6 +32,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from kvlib._validate import WrongTypeError, is_int, is_number
+
 __all__ = [
     "QueueStats",
     "UnstableQueueError",
@@ -53,8 +55,8 @@ class UnstableQueueError(ValueError):
 
 def check_rate(name: str, value: float) -> float:
     """``value`` as a float rate per second, or a TypeError/ValueError naming ``name``."""
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise TypeError(f"{name} must be a number per second, got {type(value).__name__}")
+    if not is_number(value):
+        raise WrongTypeError(f"{name} must be a number per second, got {type(value).__name__}")
     if not math.isfinite(value) or value < 0:
         raise ValueError(f"{name} must be a finite rate >= 0 per second, got {value!r}")
     return float(value)
@@ -62,8 +64,8 @@ def check_rate(name: str, value: float) -> float:
 
 def check_seconds(name: str, value: float) -> float:
     """``value`` as a positive float number of seconds, or an error naming ``name``."""
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise TypeError(f"{name} must be a number of seconds, got {type(value).__name__}")
+    if not is_number(value):
+        raise WrongTypeError(f"{name} must be a number of seconds, got {type(value).__name__}")
     if not math.isfinite(value) or value <= 0:
         raise ValueError(f"{name} must be a positive number of seconds, got {value!r}")
     return float(value)
@@ -71,14 +73,14 @@ def check_seconds(name: str, value: float) -> float:
 
 def check_servers(value: int) -> int:
     """``value`` if it is a whole number of servers >= 1, else a ValueError."""
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+    if not is_int(value) or value < 1:
         raise ValueError(f"servers must be a whole number >= 1, got {value!r}")
     return value
 
 
 def check_quantile(q: float) -> float:
     """``q`` if it is a probability strictly between 0 and 1, else a ValueError."""
-    if isinstance(q, bool) or not isinstance(q, int | float) or not 0 < q < 1:
+    if not is_number(q) or not 0 < q < 1:
         raise ValueError(f"q must be a probability strictly between 0 and 1, got {q!r}")
     return float(q)
 

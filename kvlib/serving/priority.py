@@ -31,6 +31,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from kvlib._validate import is_number
 from kvlib.serving.erlang import (
     UnstableQueueError,
     check_quantile,
@@ -92,7 +93,7 @@ def priority_mmc(
         paid_mean_wait_s=p_wait / paid_decay,
         paid_p95_wait_s=tail_quantile_s(p_wait, paid_decay, 0.95),
         free_mean_wait_s=p_wait / (rate * (1 - rho_paid) * (1 - rho)),
-    )  # fmt: skip
+    )
 
 
 def shed_fraction_for_utilization(
@@ -105,7 +106,7 @@ def shed_fraction_for_utilization(
     """
     lp, lf = check_rate("paid_per_s", paid_per_s), check_rate("free_per_s", free_per_s)
     s, c = check_seconds("service_s", service_s), check_servers(servers)
-    if isinstance(target, bool) or not isinstance(target, int | float) or not 0 < target < 1:
+    if not is_number(target) or not 0 < target < 1:
         raise ValueError(f"target utilization must be strictly between 0 and 1, got {target!r}")
     room_per_s = target * c / s - lp  # free arrivals per second the target leaves room for
     if room_per_s < 0:

@@ -9,7 +9,7 @@ come first served within a class. The gateway may refuse a free arrival
 a token bucket for the free tier is empty, or when it would have to wait
 behind ``free_queue_limit`` other free requests.
 
-Two simulators of that model, fed the same :class:`Workload` (arrival times,
+Two simulators of that model, fed the same :class:`ArrivalTrace` (arrival times,
 classes, service times and one random coin per request), give the same
 waits, up to floating-point rounding:
 
@@ -43,10 +43,10 @@ from kvlib.serving.bucket import TokenBucket
 from kvlib.serving.confidence import Estimate, batch_means, t_quantile
 
 __all__ = [
+    "ArrivalTrace",
     "Estimate",
     "Gateway",
     "PoolRun",
-    "Workload",
     "batch_means",
     "lindley_waits",
     "poisson_workload",
@@ -60,7 +60,7 @@ Bools = npt.NDArray[np.bool_]
 
 
 @dataclass(frozen=True)
-class Workload:
+class ArrivalTrace:
     """Requests in arrival order: when they arrive, their class, their service, a coin."""
 
     arrival_s: Floats
@@ -74,7 +74,7 @@ class Workload:
 
 def poisson_workload(
     paid_per_s: float, free_per_s: float, service_s: float, arrivals: int, seed: int
-) -> Workload:
+) -> ArrivalTrace:
     """``arrivals`` requests: Poisson at ``paid + free`` per second, exponential services.
 
     Each request is paid with probability ``paid / (paid + free)``, which splits
@@ -94,7 +94,7 @@ def poisson_workload(
     rng = np.random.default_rng(seed)
     arrival = np.cumsum(rng.exponential(1 / total, arrivals))
     paid = rng.random(arrivals) < paid_per_s / total
-    return Workload(arrival, paid, rng.exponential(service_s, arrivals), rng.random(arrivals))
+    return ArrivalTrace(arrival, paid, rng.exponential(service_s, arrivals), rng.random(arrivals))
 
 
 @dataclass(frozen=True)
@@ -131,7 +131,7 @@ class Gateway:
 class PoolRun:
     """What happened to each request of a workload: admitted, and if so its wait."""
 
-    workload: Workload
+    workload: ArrivalTrace
     servers: int
     admitted: Bools
     wait_s: Floats  # NaN for requests the gateway refused
@@ -149,7 +149,7 @@ class PoolRun:
         return float(np.mean(~self.admitted[mine])) if mine.any() else 0.0
 
 
-def simulate_pool(workload: Workload, servers: int, gateway: Gateway | None = None) -> PoolRun:
+def simulate_pool(workload: ArrivalTrace, servers: int, gateway: Gateway | None = None) -> PoolRun:
     """The pool, event by event, without SimPy: a heap of slot release times, two queues."""
     if servers < 1:
         raise ValueError(f"servers must be at least 1, got {servers!r}")
@@ -192,7 +192,7 @@ def simulate_pool(workload: Workload, servers: int, gateway: Gateway | None = No
 
 
 def simulate_pool_simpy(
-    workload: Workload, servers: int, gateway: Gateway | None = None
+    workload: ArrivalTrace, servers: int, gateway: Gateway | None = None
 ) -> PoolRun:
     """The same pool as a SimPy model: a ``PriorityResource`` of ``servers`` slots."""
     import simpy

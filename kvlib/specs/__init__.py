@@ -19,7 +19,7 @@ The oracle for the byte counts is the cache Hugging Face ``transformers``
 ``KVCacheSpec.page_size_bytes``.
 """
 
-from kvlib.specs.attention import ChunkedLocal, FullAttention, SlidingWindow
+from kvlib.specs.attention import ChunkedLocal, FullAttention, SlidingWindow, vllm_group_spec
 from kvlib.specs.base import CacheSpec
 from kvlib.specs.latent import (
     DS_MLA_FP8_BYTES_PER_TOKEN,
@@ -38,6 +38,7 @@ __all__ = [
     "MLALatent",
     "SharedKV",
     "SlidingWindow",
+    "vllm_group_spec",
     "DS_MLA_FP8_BYTES_PER_TOKEN",
     "INDEXER_FP8_SCALE_BLOCK",
 ]

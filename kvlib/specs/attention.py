@@ -6,11 +6,11 @@ from dataclasses import dataclass
 from fractions import Fraction
 from typing import ClassVar
 
-from kvlib._validate import require_int
+from kvlib._validate import cdiv, require_int
 from kvlib.dtypes import bytes_for
 from kvlib.specs.base import CacheSpec
 
-__all__ = ["ChunkedLocal", "FullAttention", "SlidingWindow"]
+__all__ = ["ChunkedLocal", "FullAttention", "SlidingWindow", "vllm_group_spec"]
 
 
 @dataclass(frozen=True)
@@ -48,6 +48,12 @@ class FullAttention(_Heads):
 
     kind: ClassVar[str] = "full"
 
+    @classmethod
+    def vllm_group(cls, window_tokens: int | None) -> FullAttention:
+        """One head standing for vLLM's group of full-attention (and MLA) layers: the
+        group's block formulas are this layer's. A full group has no window."""
+        return cls(1, 1)
+
 
 @dataclass(frozen=True)
 class SlidingWindow(_Heads):
@@ -73,7 +79,7 @@ class SlidingWindow(_Heads):
         """The ``W - 1`` kept tokens straddle at most ``cdiv(W - 1, B) + 1`` blocks; vLLM
         frees the rest (``SlidingWindowManager.remove_skipped_blocks``)."""
         every = super().held_blocks(tokens, block_size)
-        return min(every, -(-(self.window - 1) // block_size) + 1)
+        return min(every, cdiv(self.window - 1, block_size) + 1)
 
     def vllm_blocks_per_request(
         self, max_model_len: int, block_size: int, max_num_batched_tokens: int
@@ -81,10 +87,17 @@ class SlidingWindow(_Heads):
         """``cdiv(min(W - 1 + batched, max_model_len), B) + 1`` (vLLM ``SlidingWindowSpec``:
         +1 because the window may start mid-block)."""
         tokens = min(self.window - 1 + max_num_batched_tokens, max_model_len)
-        return -(-tokens // block_size) + 1
+        return cdiv(tokens, block_size) + 1
 
     def vllm_page_type(self) -> tuple[str, int | None]:
         return ("sliding", self.window)
+
+    @classmethod
+    def vllm_group(cls, window_tokens: int | None) -> SlidingWindow:
+        """One head standing for vLLM's group of sliding layers of window ``W``."""
+        if window_tokens is None:
+            raise ValueError("a sliding-window group needs its window_tokens")
+        return cls(1, 1, window_tokens)
 
     def layout_note(self, dtype: str) -> str:
         return (
@@ -117,14 +130,34 @@ class ChunkedLocal(_Heads):
 
     def held_blocks(self, tokens: int, block_size: int) -> int:
         """Only the current chunk's blocks: at most ``cdiv(C, B)``."""
-        return min(super().held_blocks(tokens, block_size), -(-self.chunk // block_size))
+        return min(super().held_blocks(tokens, block_size), cdiv(self.chunk, block_size))
 
     def vllm_blocks_per_request(
         self, max_model_len: int, block_size: int, max_num_batched_tokens: int
     ) -> int:
         """``cdiv(min(C + batched, max_model_len), B)`` (vLLM ``ChunkedLocalAttentionSpec``)."""
         tokens = min(self.chunk + max_num_batched_tokens, max_model_len)
-        return -(-tokens // block_size)
+        return cdiv(tokens, block_size)
 
     def vllm_page_type(self) -> tuple[str, int | None]:
         return ("chunked", self.chunk)
+
+    @classmethod
+    def vllm_group(cls, window_tokens: int | None) -> ChunkedLocal:
+        """One head standing for vLLM's group of chunked-local layers of chunk ``C``."""
+        if window_tokens is None:
+            raise ValueError("a chunked-local group needs its chunk as window_tokens")
+        return cls(1, 1, window_tokens)
+
+
+_VLLM_GROUPS: dict[str, type[FullAttention] | type[SlidingWindow] | type[ChunkedLocal]] = {
+    spec.kind: spec for spec in (FullAttention, SlidingWindow, ChunkedLocal)
+}
+
+
+def vllm_group_spec(kind: str, window_tokens: int | None) -> CacheSpec:
+    """The inverse of ``vllm_page_type()``: a one-head layer of that page type, whose
+    block formulas (``held_blocks``, ``vllm_blocks_per_request``) are its group's."""
+    if kind not in _VLLM_GROUPS:
+        raise ValueError(f"kind must be one of {', '.join(_VLLM_GROUPS)}, got {kind!r}")
+    return _VLLM_GROUPS[kind].vllm_group(window_tokens)

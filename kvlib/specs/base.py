@@ -9,7 +9,7 @@ from abc import ABC, abstractmethod
 from fractions import Fraction
 from typing import ClassVar
 
-from kvlib._validate import require_int
+from kvlib._validate import cdiv, require_int
 from kvlib.dtypes import check_dtype
 
 __all__ = ["CacheSpec"]
@@ -89,7 +89,7 @@ class CacheSpec(ABC):
         """Blocks of ``block_size`` a paged engine holds for a sequence of ``tokens``:
         ``cdiv(T, B)`` when the layer keeps every token."""
         require_int(block_size, "block_size", 1)
-        return -(-require_int(tokens, "tokens") // block_size)
+        return cdiv(require_int(tokens, "tokens"), block_size)
 
     def vllm_blocks_per_request(
         self, max_model_len: int, block_size: int, max_num_batched_tokens: int

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
+from kvlib._validate import cdiv
 from kvlib.dtypes import bytes_for, check_dtype
 from kvlib.specs.base import CacheSpec
 
@@ -54,7 +55,7 @@ class MLALatent(CacheSpec):
                     "vLLM's fp8 sparse-MLA entry is defined for a 512 + 64 latent; this "
                     f"model's is {self.kv_lora_rank} + {self.qk_rope_head_dim}: size it in bf16"
                 )
-            scales = -(-self.indexer_head_dim // INDEXER_FP8_SCALE_BLOCK)
+            scales = cdiv(self.indexer_head_dim, INDEXER_FP8_SCALE_BLOCK)
             return DS_MLA_FP8_BYTES_PER_TOKEN + self.indexer_head_dim + 4 * scales
         return bytes_for(self.latent_dim + self.indexer_head_dim, dtype)
 

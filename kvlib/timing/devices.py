@@ -3,14 +3,20 @@
 A GPU is named by ``torch.cuda.get_device_name``; a CPU by ``/proc/cpuinfo``
 (or :mod:`platform`) and torch's thread count, so a CPU time always says it
 is one. :func:`cuda_device_facts` and :func:`nvidia_smi` record what a GPU
-run must carry (capability, L2, driver, clocks, temperature, power). torch is
-imported inside the functions.
+run must carry (capability, L2, driver, clocks, temperature, power), and
+:func:`clock_reader` reads the clocks and the reasons they are held down while
+work runs. A GPU is addressed by its PCI bus id, which names the same board
+for torch, NVML and nvidia-smi whatever ``CUDA_VISIBLE_DEVICES`` renumbers.
+torch and NVML are imported inside the functions.
 """
 
 from __future__ import annotations
 
+import importlib
 import platform
 import subprocess
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +25,9 @@ from kvlib.units import KiB, MiB
 
 __all__ = [
     "FALLBACK_FLUSH_BYTES",
+    "THROTTLE_REASONS",
     "cache_flush_bytes",
+    "clock_reader",
     "cpu_cache_bytes",
     "cpu_model_name",
     "cuda_device_facts",
@@ -27,7 +35,11 @@ __all__ = [
     "device_name",
     "gpu_l2_bytes",
     "nvidia_smi",
+    "nvml_clock_reader",
+    "pci_bus_id",
     "resolve_device",
+    "smi_clock_reader",
+    "throttle_reasons",
 ]
 
 # When no cache size is known: what triton's do_bench zeroes before every call, a fixed
@@ -138,10 +150,41 @@ _SMI_FIELDS = (
     "temperature.gpu,power.draw,power.limit,persistence_mode"
 )
 
+# Why the clocks are below their maximum: the bits of NVML's clocks-event reasons
+# (nvml.h, ``nvmlClocksEventReason*``, formerly ``nvmlClocksThrottleReason*``), which
+# nvidia-smi prints as ``clocks_event_reasons.active``.
+THROTTLE_REASONS = {
+    0x1: "gpu_idle",
+    0x2: "applications_clocks_setting",
+    0x4: "sw_power_cap",
+    0x8: "hw_slowdown",
+    0x10: "sync_boost",
+    0x20: "sw_thermal_slowdown",
+    0x40: "hw_thermal_slowdown",
+    0x80: "hw_power_brake_slowdown",
+    0x100: "display_clock_setting",
+}
 
-def nvidia_smi(index: int, command: str = "nvidia-smi") -> dict[str, str]:
-    """``nvidia-smi`` readings of GPU ``index`` by field name, or ``{"error": why}``."""
-    argv = [command, "-i", str(index), f"--query-gpu={_SMI_FIELDS}", "--format=csv,noheader"]
+
+def throttle_reasons(mask: int) -> list[str]:
+    """The names of the reasons set in NVML's bit ``mask`` (unknown bits as hex)."""
+    if isinstance(mask, bool) or not isinstance(mask, int) or mask < 0:
+        raise ValueError(f"mask must be an int >= 0 (NVML's reason bits), got {mask!r}")
+    names = [name for bit, name in THROTTLE_REASONS.items() if mask & bit]
+    unknown = mask & ~sum(THROTTLE_REASONS)
+    return names + ([f"unknown_bits_{unknown:#x}"] if unknown else [])
+
+
+def nvidia_smi(
+    gpu_id: int | str, command: str = "nvidia-smi", fields: str = _SMI_FIELDS
+) -> dict[str, str]:
+    """``nvidia-smi`` readings of one GPU by field name, or ``{"error": why}``.
+
+    ``gpu_id`` is what ``nvidia-smi --id`` takes: a PCI bus id
+    (``"00000000:19:00.0"``, the same board whatever ``CUDA_VISIBLE_DEVICES``
+    says), a UUID, or nvidia-smi's own index (which torch's index need not equal).
+    """
+    argv = [command, f"--id={gpu_id}", f"--query-gpu={fields}", "--format=csv,noheader"]
     try:
         out = subprocess.run(argv, capture_output=True, text=True, timeout=20, check=True)
     except (OSError, subprocess.SubprocessError) as exc:
@@ -150,11 +193,134 @@ def nvidia_smi(index: int, command: str = "nvidia-smi") -> dict[str, str]:
     if not lines:
         return {"error": "nvidia-smi printed nothing"}
     values = [v.strip() for v in lines[0].split(",")]
-    return dict(zip(_SMI_FIELDS.split(","), values, strict=False))
+    return dict(zip(fields.split(","), values, strict=False))
+
+
+def pci_bus_id(device: str = "cuda") -> str | None:
+    """The GPU's PCI bus id as NVML and nvidia-smi write it (``"00000000:19:00.0"``), or None.
+
+    From ``cudaDeviceProp``'s ``pciDomainID``, ``pciBusID`` and ``pciDeviceID``
+    (torch's ``pci_domain_id``, ``pci_bus_id``, ``pci_device_id``); function 0.
+    """
+    import torch
+
+    props = torch.cuda.get_device_properties(resolve_device(device))
+    parts = [getattr(props, f"pci_{k}_id", None) for k in ("domain", "bus", "device")]
+    if any(not isinstance(p, int) for p in parts):
+        return None
+    domain, bus, dev = parts
+    return f"{domain:08X}:{bus:02X}:{dev:02X}.0"
+
+
+# A clock reading: seconds since the reader was made, clocks in MHz, degrees C, watts,
+# and the active reasons; None where the source gave nothing.
+ClockReading = dict[str, Any]
+
+
+def nvml_clock_reader(bus_id: str) -> Callable[[], ClockReading] | None:
+    """A function reading the GPU at ``bus_id`` through NVML (``pynvml`` from
+    ``nvidia-ml-py``), or None when that package is not installed."""
+    try:
+        nvml: Any = importlib.import_module("pynvml")
+    except ImportError:
+        return None
+    nvml.nvmlInit()
+    # bytes: older nvidia-ml-py passes the argument to ctypes unconverted.
+    handle = nvml.nvmlDeviceGetHandleByPciBusId(bus_id.encode())
+    reasons = getattr(nvml, "nvmlDeviceGetCurrentClocksEventReasons", None)
+    if reasons is None:  # nvidia-ml-py before the 535 driver's rename
+        reasons = nvml.nvmlDeviceGetCurrentClocksThrottleReasons
+    started = time.monotonic()
+
+    def field(fn: Callable[[], Any]) -> Any:
+        """One reading, or None: a query this board does not support loses only itself."""
+        try:
+            return fn()
+        except Exception:  # NVMLError_NotSupported and its kin live in the optional package
+            return None
+
+    def read() -> ClockReading:
+        mask = field(lambda: int(reasons(handle)))
+        power_mw = field(lambda: nvml.nvmlDeviceGetPowerUsage(handle))
+        return {
+            "t_s": round(time.monotonic() - started, 3),
+            "sm_mhz": field(lambda: nvml.nvmlDeviceGetClockInfo(handle, nvml.NVML_CLOCK_SM)),
+            "mem_mhz": field(lambda: nvml.nvmlDeviceGetClockInfo(handle, nvml.NVML_CLOCK_MEM)),
+            "temperature_c": field(
+                lambda: nvml.nvmlDeviceGetTemperature(handle, nvml.NVML_TEMPERATURE_GPU)
+            ),
+            "power_w": None if power_mw is None else power_mw / 1e3,  # NVML gives milliwatts
+            "reasons": None if mask is None else throttle_reasons(mask),
+        }
+
+    return read
+
+
+# nvidia-smi's names for the readings; the reasons field was ``clocks_throttle_reasons``
+# before driver 535 renamed it ``clocks_event_reasons``.
+_SMI_CLOCK_FIELDS = "clocks.sm,clocks.mem,temperature.gpu,power.draw,{}.active"
+_SMI_REASON_NAMES = ("clocks_event_reasons", "clocks_throttle_reasons")
+
+
+def _number(text: str | None) -> float | None:
+    """``"1980 MHz"`` or ``"120.50 W"`` -> the number; ``"[N/A]"`` or None -> None."""
+    try:
+        return float(str(text).split()[0])
+    except (ValueError, IndexError):
+        return None
+
+
+def smi_clock_reader(gpu_id: int | str, command: str = "nvidia-smi") -> Callable[[], ClockReading]:
+    """A function reading the GPU ``gpu_id`` (see :func:`nvidia_smi`) by running nvidia-smi."""
+    started = time.monotonic()
+    names = list(_SMI_REASON_NAMES)
+
+    def read() -> ClockReading:
+        raw = nvidia_smi(gpu_id, command, _SMI_CLOCK_FIELDS.format(names[0]))
+        if "error" in raw and len(names) > 1:  # an older driver: the field's former name
+            names.pop(0)
+            raw = nvidia_smi(gpu_id, command, _SMI_CLOCK_FIELDS.format(names[0]))
+        if "error" in raw:
+            return {"t_s": round(time.monotonic() - started, 3), "error": raw["error"]}
+        mask_text = raw.get(f"{names[0]}.active", "")
+        try:
+            reasons: list[str] | None = throttle_reasons(int(mask_text, 16))
+        except ValueError:
+            reasons = None
+        return {
+            "t_s": round(time.monotonic() - started, 3),
+            "sm_mhz": _number(raw.get("clocks.sm")),
+            "mem_mhz": _number(raw.get("clocks.mem")),
+            "temperature_c": _number(raw.get("temperature.gpu")),
+            "power_w": _number(raw.get("power.draw")),
+            "reasons": reasons,
+        }
+
+    return read
+
+
+def clock_reader(
+    gpu_id: str, command: str = "nvidia-smi"
+) -> tuple[str, Callable[[], ClockReading]]:
+    """``(source, read)``: NVML when ``nvidia-ml-py`` is installed and ``gpu_id`` is a PCI
+    bus id, else nvidia-smi. ``source`` says which, and why NVML was not used."""
+    if ":" in gpu_id:
+        try:
+            read = nvml_clock_reader(gpu_id)
+        except Exception as exc:  # NVML's own error types live in the optional package
+            source = f"nvidia-smi (NVML failed: {type(exc).__name__}: {exc})"
+        else:
+            if read is not None:
+                return "nvml", read
+            source = "nvidia-smi (nvidia-ml-py is not installed)"
+    else:
+        source = "nvidia-smi (no PCI bus id for NVML)"
+    return source, smi_clock_reader(gpu_id, command)
 
 
 def cuda_device_facts(device: str) -> dict[str, Any]:
-    """Name, capability, SMs, L2, memory, driver and software versions of a CUDA ``device``."""
+    """Name, capability, SMs, L2, memory, PCI bus id, driver and software versions of a
+    CUDA ``device``."""
     import torch
 
     resolved = resolve_device(device)
@@ -168,6 +334,8 @@ def cuda_device_facts(device: str) -> dict[str, Any]:
         triton_version: str | None = triton.__version__
     except ImportError:
         triton_version = None
+    bus_id = pci_bus_id(str(resolved))
+    uuid = getattr(props, "uuid", None)
     return {
         "type": "cuda",
         "index": index,
@@ -176,7 +344,9 @@ def cuda_device_facts(device: str) -> dict[str, Any]:
         "sm_count": props.multi_processor_count,
         "l2_bytes": int(getattr(props, "L2_cache_size", 0)) or None,
         "memory_bytes": int(props.total_memory),
-        "driver": nvidia_smi(index).get("driver_version"),
+        "pci_bus_id": bus_id,
+        "uuid": None if uuid is None else str(uuid),
+        "driver": nvidia_smi(bus_id if bus_id else index).get("driver_version"),
         "cuda_runtime": torch.version.cuda,
         "torch": torch.__version__,
         "triton": triton_version,

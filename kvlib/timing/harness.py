@@ -38,6 +38,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from kvlib._validate import is_int
 from kvlib.timing.devices import cache_flush_bytes, device_name, resolve_device
 
 __all__ = [
@@ -237,7 +238,7 @@ def bench(
         raise TypeError(f"fn must be a callable taking no arguments, got {type(fn).__name__}")
     if cache not in ("cold", "warm"):
         raise ValueError(f"cache must be 'cold' (flushed before each repetition) or 'warm', "
-                         f"got {cache!r}")  # fmt: skip
+                         f"got {cache!r}")
     _check_budget(warmup_s, rep_s, min_reps, max_reps)
     resolved = resolve_device(device)
     clock = _CudaClock(resolved) if resolved.type == "cuda" else _Clock(resolved)
@@ -245,7 +246,7 @@ def bench(
     size = 0
     if cache == "cold":
         size = cache_flush_bytes(device) if flush_bytes is None else flush_bytes
-        if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+        if not is_int(size) or size < 1:
             raise ValueError(f"flush_bytes must be a positive int number of bytes, got {size!r}")
         flush = torch.empty(size, dtype=torch.uint8, device=resolved).zero_
     fn()  # first call: compilation, allocation, lazy initialisation; not timed

@@ -1,10 +1,17 @@
 """Measurements as JSON: what ``scripts/gpu_check.py`` writes and the book reads back.
 
-One file is one run on one GPU: the device (name, driver, clocks), the date,
-and every measurement with its settings, median, quantiles, bytes and FLOPs.
-:func:`read_run` accepts only a run whose device is a CUDA GPU and whose
-every measurement was timed with CUDA events, so a CPU timing can never be
-shown as a GPU figure. Standard library only.
+One file is one run on one GPU: a preflight (software versions, the device
+and its memory, which optional features are present), then one entry per
+section of the check saying whether it ran, failed (the exception's type and
+message, with the section's settings) or was skipped (the reason), and every
+measurement with its settings, median, quantiles, bytes and FLOPs. The check
+rewrites the file after each measurement, so a run cut short is still a file:
+:func:`read_run` takes it as it comes and says what ran and what did not.
+
+It accepts only a run whose device is a CUDA GPU and whose every measurement
+was timed with CUDA events, and refuses a rehearsal (the same check run on a
+CPU at tiny sizes), so a CPU timing can never be shown as a GPU figure.
+Standard library only.
 """
 
 from __future__ import annotations
@@ -19,19 +26,27 @@ from kvlib.units import format_flops, format_rate
 
 __all__ = [
     "SCHEMA",
+    "SECTION_STATUSES",
     "GpuRun",
     "Measurement",
+    "Section",
+    "kv_read_bars",
     "load_runs",
     "measurement_record",
     "read_run",
     "roofline_points",
+    "section_rows",
     "summarise",
     "summary_rows",
     "timing_fields",
 ]
 
-SCHEMA = "kvlib-gpu-check/1"
+SCHEMA = "kvlib-gpu-check/2"
+# A section is pending until it starts; "running" in a file means the run stopped inside it.
+SECTION_STATUSES = ("pending", "running", "ok", "failed", "skipped", "interrupted")
 _NUMBERS = ("median_s", "p20_s", "p80_s", "bandwidth_bytes_per_s", "flops_per_s")
+# Measurement names: the contiguous KV read and its paged variant.
+KV_READ, PAGED_KV_READ = "kv-read/", "kv-read-paged/"
 
 
 @dataclass(frozen=True)
@@ -58,6 +73,17 @@ class Measurement:
 
 
 @dataclass(frozen=True)
+class Section:
+    """One section of a run: whether it ran, and if not, why."""
+
+    name: str
+    status: str
+    detail: str
+    elapsed_s: float | None
+    clocks: dict[str, Any]
+
+
+@dataclass(frozen=True)
 class GpuRun:
     """A run of ``scripts/gpu_check.py`` on one GPU, read from its JSON file."""
 
@@ -66,12 +92,26 @@ class GpuRun:
     date: str
     driver: str | None
     datasheet_gpu: str | None
+    status: str
+    sections: tuple[Section, ...]
     measurements: tuple[Measurement, ...]
+    failed_measurements: tuple[dict[str, Any], ...]
+    skipped: tuple[dict[str, Any], ...]
+    preflight: dict[str, Any]
     summary: dict[str, Any]
 
     def named(self, prefix: str) -> list[Measurement]:
         """The measurements whose name starts with ``prefix`` (``"matmul"``, ``"copy"``)."""
         return [m for m in self.measurements if m.name.startswith(prefix)]
+
+    @property
+    def complete(self) -> bool:
+        """True when the check reached its end (some sections may still have failed)."""
+        return self.status == "complete"
+
+    def with_status(self, status: str) -> list[Section]:
+        """The sections whose status is ``status`` ("ok", "failed", "skipped", ...)."""
+        return [s for s in self.sections if s.status == status]
 
 
 def timing_fields(workload: Any, result: Any) -> dict[str, Any]:
@@ -120,7 +160,7 @@ def _measurement(raw: dict[str, Any], where: str) -> Measurement:
     clock = _field(raw, "clock", where)
     if clock != "cuda-events" or not str(_field(raw, "device", where)).startswith("cuda"):
         raise ValueError(f"{where}: timed by {clock!r} on {raw.get('device')!r}, not by CUDA "
-                         "events on a GPU; a CPU time is never shown as a GPU figure")  # fmt: skip
+                         "events on a GPU; a CPU time is never shown as a GPU figure")
     for key in _NUMBERS:
         value = _field(raw, key, where)
         if type(value) not in (int, float) or not math.isfinite(value) or value < 0:
@@ -144,21 +184,49 @@ def _measurement(raw: dict[str, Any], where: str) -> Measurement:
     )
 
 
+def _section(name: str, raw: Any, where: str) -> Section:
+    if not isinstance(raw, dict):
+        raise ValueError(f"{where}: section {name!r} must be an object, got {raw!r}")
+    status = raw.get("status")
+    if status not in SECTION_STATUSES:
+        raise ValueError(f"{where}: section {name!r} field 'status' is {status!r}, not one "
+                         f"of {', '.join(SECTION_STATUSES)}")
+    error = raw.get("error") or {}
+    if status == "failed":
+        detail = f"{error.get('type', 'error')}: {error.get('message', '')}"
+    else:
+        detail = str(raw.get("reason") or "")
+    elapsed = raw.get("elapsed_s")
+    return Section(
+        name=name,
+        status=status,
+        detail=detail,
+        elapsed_s=float(elapsed) if isinstance(elapsed, int | float) else None,
+        clocks=dict(raw.get("clocks") or {}),
+    )
+
+
 def read_run(path: Path) -> GpuRun:
-    """The run in ``path``; ValueError naming the field if it is not a GPU run of this schema."""
+    """The run in ``path``, complete or cut short; ValueError naming the field if it is not
+    a GPU run of this schema (a rehearsal on a CPU is refused)."""
     doc = json.loads(Path(path).read_text())
     where = str(path)
     if not isinstance(doc, dict) or doc.get("schema") != SCHEMA:
         raise ValueError(f"{where}: not a {SCHEMA} file (field 'schema')")
+    if doc.get("rehearsal") is not False:
+        raise ValueError(f"{where}: field 'rehearsal' is {doc.get('rehearsal')!r}: a rehearsal "
+                         "ran the check on a CPU and is never shown as a GPU run")
     device = _field(doc, "device", where)
-    if device.get("type") != "cuda":
-        raise ValueError(f"{where}: device type is {device.get('type')!r}, not 'cuda'")
+    if not isinstance(device, dict) or device.get("type") != "cuda":
+        kind = device.get("type") if isinstance(device, dict) else device
+        raise ValueError(f"{where}: device type is {kind!r}, not 'cuda'")
     measurements = tuple(
         _measurement(raw, f"{where}, measurement {i}")
         for i, raw in enumerate(_field(doc, "measurements", where))
     )
-    if not measurements:
-        raise ValueError(f"{where}: no measurements")
+    sections = _field(doc, "sections", where)
+    if not isinstance(sections, dict):
+        raise ValueError(f"{where}: field 'sections' must map section names to their status")
     datasheet = doc.get("datasheet") or {}
     return GpuRun(
         path=where,
@@ -166,8 +234,13 @@ def read_run(path: Path) -> GpuRun:
         date=str(_field(doc, "date", where)),
         driver=device.get("driver"),
         datasheet_gpu=datasheet.get("gpu"),
+        status=str(_field(doc, "status", where)),
+        sections=tuple(_section(name, raw, where) for name, raw in sections.items()),
         measurements=measurements,
-        summary=dict(doc.get("summary", {})),
+        failed_measurements=tuple(doc.get("failed_measurements", ())),
+        skipped=tuple(doc.get("skipped", ())),
+        preflight=dict(doc.get("preflight") or {}),
+        summary=dict(doc.get("summary") or {}),
     )
 
 
@@ -176,14 +249,31 @@ def load_runs(folder: Path, pattern: str = "gpu_*.json") -> list[GpuRun]:
     return sorted((read_run(p) for p in sorted(Path(folder).glob(pattern))), key=lambda r: r.date)
 
 
+def section_rows(run: GpuRun) -> list[tuple[str, str, str]]:
+    """(section, status, detail) for each section: what ran, what failed and why."""
+    return [(s.name, s.status, s.detail) for s in run.sections]
+
+
+def _status_text(run: GpuRun) -> str:
+    counts = {k: len(run.with_status(k)) for k in SECTION_STATUSES}
+    parts = [f"{counts[k]} {k}" for k in SECTION_STATUSES if counts[k]]
+    ending = "complete" if run.complete else f"stopped early ({run.status})"
+    return f"{ending}; sections: {', '.join(parts) or 'none'}"
+
+
 def summary_rows(run: GpuRun) -> list[tuple[str, str]]:
-    """The headline figures of a run, as (label, text) rows with their units."""
+    """The headline figures of a run, as (label, text) rows with their units.
+
+    A figure whose measurement is missing (a partial run) has no row.
+    """
     s = run.summary
-    rows = [("device", run.device_name), ("date", run.date), ("driver", run.driver or "unknown")]
+    rows = [("device", run.device_name), ("date", run.date), ("driver", run.driver or "unknown"),
+            ("run", _status_text(run))]
     rates = (
         ("copy_bandwidth_bytes_per_s", "copy bandwidth (2N / median)", format_rate),
         ("read_bandwidth_bytes_per_s", "read bandwidth", format_rate),
         ("best_kv_read_bandwidth_bytes_per_s", "best KV read (decode attention)", format_rate),
+        ("best_paged_kv_read_bandwidth_bytes_per_s", "best paged KV read", format_rate),
         ("matmul_peak_flops_per_s", "bf16 matmul", format_flops),
     )
     for key, label, fmt in rates:
@@ -191,12 +281,14 @@ def summary_rows(run: GpuRun) -> list[tuple[str, str]]:
             rows.append((label, fmt(s[key])))
     if isinstance(s.get("measured_ridge_flops_per_byte"), int | float):
         rows.append(("measured ridge point", f"{s['measured_ridge_flops_per_byte']:,.0f} FLOPs/B"))
-    if isinstance(s.get("kv_read_over_copy"), int | float):
-        verdict = "met" if s.get("goal_met") else "not met"
-        goal = s.get("goal_kv_read_over_copy", 0.9)
-        rows.append(
-            ("KV read / copy", f"{s['kv_read_over_copy']:.1%} (goal {goal:.0%}: {verdict})")
-        )
+    goal = s.get("goal_kv_read_over_stream", 0.9)
+    for ref in ("read", "copy"):
+        ratio = s.get(f"kv_read_over_{ref}")
+        if isinstance(ratio, int | float):
+            verdict = "met" if ratio >= goal else "not met"
+            rows.append((f"KV read / {ref}", f"{ratio:.1%} (goal {goal:.0%}: {verdict})"))
+    if isinstance(s.get("paged_over_contiguous"), int | float):
+        rows.append(("paged / contiguous KV read", f"{s['paged_over_contiguous']:.1%}"))
     return rows
 
 
@@ -209,29 +301,51 @@ def roofline_points(run: GpuRun, prefix: str = "matmul/") -> list[tuple[str, flo
     ]
 
 
+def kv_read_bars(run: GpuRun) -> list[tuple[str, float]]:
+    """(name, bandwidth) of every KV read, contiguous then paged, in the run's order."""
+    return [(m.name, m.bandwidth_bytes_per_s)
+            for prefix in (KV_READ, PAGED_KV_READ) for m in run.named(prefix)]
+
+
+def _best(measurements: list[dict[str, Any]], prefix: str) -> dict[str, Any] | None:
+    found = [m for m in measurements if m["name"].startswith(prefix)]
+    return max(found, key=lambda m: m["bandwidth_bytes_per_s"]) if found else None
+
+
 def summarise(measurements: list[dict[str, Any]], copy_name: str, goal: float) -> dict[str, Any]:
     """A run's headline figures from its measurement records (as :func:`measurement_record`).
 
-    The KV-read benchmark (best ``kv-read/*`` bandwidth) over the copy ``copy_name``,
-    against ``goal``; the memory ceiling, the faster of the copy and the pure read
-    (memory delivered at least that much); the matmul peak; and their ratio, the
-    measured ridge point. A figure whose measurement is missing is None.
+    The KV-read benchmark (best ``kv-read/*`` bandwidth) over the pure read
+    stream ``read`` (like with like: decode attention reads the cache and
+    writes almost nothing) and over the copy ``copy_name``, each against
+    ``goal``; the best paged KV read (``kv-read-paged/*``) over the best
+    contiguous one; the memory ceiling, the faster of the copy and the read
+    (memory delivered at least that much); the matmul peak; and their ratio,
+    the measured ridge point. A figure whose measurement is missing is None or
+    absent, so a partial run summarises what it has.
     """
     by_name = {m["name"]: m for m in measurements}
     copy, read, peak = by_name.get(copy_name), by_name.get("read"), by_name.get("matmul-peak")
-    kv = [m for m in measurements if m["name"].startswith("kv-read/")]
-    best = max(kv, key=lambda m: m["bandwidth_bytes_per_s"]) if kv else None
+    best, paged = _best(measurements, KV_READ), _best(measurements, PAGED_KV_READ)
     summary: dict[str, Any] = {
         "copy_bandwidth_bytes_per_s": copy and copy["bandwidth_bytes_per_s"],
         "read_bandwidth_bytes_per_s": read and read["bandwidth_bytes_per_s"],
         "best_kv_read": best and best["name"],
         "best_kv_read_bandwidth_bytes_per_s": best and best["bandwidth_bytes_per_s"],
+        "best_paged_kv_read": paged and paged["name"],
+        "best_paged_kv_read_bandwidth_bytes_per_s": paged and paged["bandwidth_bytes_per_s"],
         "matmul_peak_flops_per_s": peak and peak["flops_per_s"],
-        "goal_kv_read_over_copy": goal,
+        "goal_kv_read_over_stream": goal,
     }
-    if copy and best:
-        ratio = best["bandwidth_bytes_per_s"] / copy["bandwidth_bytes_per_s"]
-        summary.update(kv_read_over_copy=ratio, goal_met=ratio >= goal)
+    for ref_name, ref in (("read", read), ("copy", copy)):
+        if ref and best:
+            ratio = best["bandwidth_bytes_per_s"] / ref["bandwidth_bytes_per_s"]
+            summary[f"kv_read_over_{ref_name}"] = ratio
+            summary[f"goal_met_vs_{ref_name}"] = ratio >= goal
+    if paged and best:
+        summary["paged_over_contiguous"] = (
+            paged["bandwidth_bytes_per_s"] / best["bandwidth_bytes_per_s"]
+        )
     streams = [m["bandwidth_bytes_per_s"] for m in (copy, read) if m]
     if streams and peak:
         summary["memory_ceiling_bytes_per_s"] = max(streams)

@@ -21,9 +21,9 @@ Standard library only: the roofline of a datasheet needs no torch.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
+from kvlib._validate import require_int, require_positive
 from kvlib.hardware import GPUSpec
 
 __all__ = [
@@ -32,26 +32,17 @@ __all__ = [
     "copy_bytes_moved",
     "decode_attention_bytes",
     "decode_attention_flops",
-    "decode_step_bytes",
+    "decode_bytes_from_sizes",
     "decode_step_flops",
     "decode_step_intensity",
+    "decode_step_s_merged",
+    "decode_step_s_per_operation",
     "machine_from_gpu",
     "matmul_bytes",
     "matmul_flops",
+    "matmul_ridge_batch",
     "ridge_batch",
 ]
-
-
-def _positive(name: str, value: float) -> None:
-    if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
-        raise ValueError(f"{name} must be a positive number, got {value!r}")
-    if not math.isfinite(value):
-        raise ValueError(f"{name} must be finite, got {value!r}")
-
-
-def _count(name: str, value: int, minimum: int = 1) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}")
 
 
 @dataclass(frozen=True)
@@ -64,8 +55,8 @@ class Machine:
     source: str
 
     def __post_init__(self) -> None:
-        _positive("peak_flops_per_s", self.peak_flops_per_s)
-        _positive("bandwidth_bytes_per_s", self.bandwidth_bytes_per_s)
+        require_positive(self.peak_flops_per_s, "peak_flops_per_s")
+        require_positive(self.bandwidth_bytes_per_s, "bandwidth_bytes_per_s")
 
     @property
     def ridge_flops_per_byte(self) -> float:
@@ -74,12 +65,12 @@ class Machine:
 
     def attainable_flops_per_s(self, intensity: float) -> float:
         """``min(P, B x I)``: the most a kernel of intensity ``I`` can reach here."""
-        _positive("intensity", intensity)
+        require_positive(intensity, "intensity")
         return min(self.peak_flops_per_s, self.bandwidth_bytes_per_s * intensity)
 
     def bound(self, intensity: float) -> str:
         """``"memory"`` below the ridge point, ``"compute"`` at or above it."""
-        _positive("intensity", intensity)
+        require_positive(intensity, "intensity")
         return "memory" if intensity < self.ridge_flops_per_byte else "compute"
 
 
@@ -102,7 +93,7 @@ def arithmetic_intensity(flops: float, bytes_moved: float) -> float:
     """``flops / bytes_moved``, in FLOPs per byte."""
     if flops < 0:
         raise ValueError(f"flops must be >= 0, got {flops!r}")
-    _positive("bytes_moved", bytes_moved)
+    require_positive(bytes_moved, "bytes_moved")
     return flops / bytes_moved
 
 
@@ -113,21 +104,21 @@ def copy_bytes_moved(n_bytes: int) -> int:
     writing it (write-allocate), so its memory bus carries ``3N``; the
     convention counts the bytes the program asked for.
     """
-    _count("n_bytes", n_bytes)
+    require_int(n_bytes, "n_bytes", 1)
     return 2 * n_bytes
 
 
 def matmul_flops(m: int, n: int, k: int) -> int:
     """``2 m n k``: one multiply and one add per term of each of the ``m x n`` dot products."""
     for name, value in (("m", m), ("n", n), ("k", k)):
-        _count(name, value)
+        require_int(value, name, 1)
     return 2 * m * n * k
 
 
 def matmul_bytes(m: int, n: int, k: int, bytes_per_element: int) -> int:
     """``(m k + k n + m n) x b``: read A (m x k) and B (k x n) once, write C (m x n) once."""
     for name, value in (("m", m), ("n", n), ("k", k), ("bytes_per_element", bytes_per_element)):
-        _count(name, value)
+        require_int(value, name, 1)
     return (m * k + k * n + m * n) * bytes_per_element
 
 
@@ -138,8 +129,8 @@ def decode_attention_flops(batch: int, heads: int, context_tokens: int, head_dim
     another ``2 T d``; the softmax's few FLOPs per score are left out.
     """
     for name, value in (("batch", batch), ("heads", heads), ("context_tokens", context_tokens),
-                        ("head_dim", head_dim)):  # fmt: skip
-        _count(name, value)
+                        ("head_dim", head_dim)):
+        require_int(value, name, 1)
     return 4 * batch * heads * context_tokens * head_dim
 
 
@@ -157,10 +148,10 @@ def decode_attention_bytes(
     that reads each KV head once moves ``2 B H_kv T d`` elements of cache.
     """
     decode_attention_flops(batch, heads, context_tokens, head_dim)  # checks those counts
-    _count("kv_heads", kv_heads)
+    require_int(kv_heads, "kv_heads", 1)
     if heads % kv_heads:
         raise ValueError(f"heads ({heads}) must be a multiple of kv_heads ({kv_heads})")
-    _count("bytes_per_element", bytes_per_element)
+    require_int(bytes_per_element, "bytes_per_element", 1)
     cache = 2 * batch * kv_heads * context_tokens * head_dim
     query_and_output = 2 * batch * heads * head_dim
     return (cache + query_and_output) * bytes_per_element
@@ -172,21 +163,22 @@ def decode_step_flops(active_params: int, batch: int) -> int:
     Attention's own ``4 L H T d`` per token is left out (see
     :func:`decode_attention_flops`); it reads the cache, not the weights.
     """
-    _count("active_params", active_params)
-    _count("batch", batch)
+    require_int(active_params, "active_params", 1)
+    require_int(batch, "batch", 1)
     return 2 * active_params * batch
 
 
-def decode_step_bytes(weight_bytes: int, batch: int, kv_bytes_per_sequence: int = 0) -> int:
+def decode_bytes_from_sizes(weight_bytes: int, batch: int, kv_bytes_per_sequence: int = 0) -> int:
     """``W + B x KV``: every weight once per step (shared by the batch), every cache once.
 
-    ``weight_bytes`` is what a step reads: the bytes of the active parameters
-    (``b x P``), without the input embedding table, of which a step looks up
-    one row per token.
+    From sizes already known; :func:`kvlib.bounds.decode_bytes_per_gpu` derives them
+    from a model config (MoE routing, tensor parallelism). ``weight_bytes`` is what a
+    step reads: the bytes of the active parameters (``b x P``), without the input
+    embedding table, of which a step looks up one row per token.
     """
-    _count("weight_bytes", weight_bytes)
-    _count("batch", batch)
-    _count("kv_bytes_per_sequence", kv_bytes_per_sequence, minimum=0)
+    require_int(weight_bytes, "weight_bytes", 1)
+    require_int(batch, "batch", 1)
+    require_int(kv_bytes_per_sequence, "kv_bytes_per_sequence")
     return weight_bytes + batch * kv_bytes_per_sequence
 
 
@@ -195,7 +187,7 @@ def decode_step_intensity(
 ) -> float:
     """``2 P B / (W + B x KV)``: grows with the batch, towards ``2 P / KV`` when caches dominate."""
     flops = decode_step_flops(active_params, batch)
-    return flops / decode_step_bytes(weight_bytes, batch, kv_bytes_per_sequence)
+    return flops / decode_bytes_from_sizes(weight_bytes, batch, kv_bytes_per_sequence)
 
 
 def ridge_batch(
@@ -212,11 +204,62 @@ def ridge_batch(
     ``2 P <= R x KV``: the cache reads grow as fast as the FLOPs and the step
     stays memory-bound at any batch.
     """
-    _count("active_params", active_params)
-    _count("weight_bytes", weight_bytes)
-    _positive("ridge_flops_per_byte", ridge_flops_per_byte)
-    _count("kv_bytes_per_sequence", kv_bytes_per_sequence, minimum=0)
+    require_int(active_params, "active_params", 1)
+    require_int(weight_bytes, "weight_bytes", 1)
+    require_positive(ridge_flops_per_byte, "ridge_flops_per_byte")
+    require_int(kv_bytes_per_sequence, "kv_bytes_per_sequence")
     headroom = 2 * active_params - ridge_flops_per_byte * kv_bytes_per_sequence
     if headroom <= 0:
         return None
     return ridge_flops_per_byte * weight_bytes / headroom
+
+
+def decode_step_s_per_operation(
+    active_params: int,
+    weight_bytes: int,
+    batch: int,
+    kv_bytes_per_sequence: int,
+    machine: Machine,
+) -> float:
+    """A decode step's time bound with each operation on its own roofline:
+
+        T = B x KV / BW + max(2 B P / F, W / BW)
+
+    The weight matmuls (``2 B P`` FLOPs on ``W`` bytes) and attention (the ``B x KV``
+    cache bytes, a few FLOPs each) run one after the other, so their times add; only
+    within the matmuls do FLOPs and bytes overlap. Attention's intensity is
+    ``2 H / (H_kv b)`` FLOPs per byte at any batch (:func:`decode_attention_flops` over
+    :func:`decode_attention_bytes`), far below any GPU's ridge, so its term is its bytes.
+    The form of the scaling book's inference chapter (Austin et al., "How to Scale Your
+    Model", 2025, "All about Transformer Inference").
+    """
+    require_int(kv_bytes_per_sequence, "kv_bytes_per_sequence")
+    matmul_flops_ = decode_step_flops(active_params, batch)
+    require_int(weight_bytes, "weight_bytes", 1)
+    bw, peak = machine.bandwidth_bytes_per_s, machine.peak_flops_per_s
+    return batch * kv_bytes_per_sequence / bw + max(matmul_flops_ / peak, weight_bytes / bw)
+
+
+def decode_step_s_merged(
+    active_params: int,
+    weight_bytes: int,
+    batch: int,
+    kv_bytes_per_sequence: int,
+    machine: Machine,
+) -> float:
+    """The merged bound ``max(2 B P / F, (W + B x KV) / BW)``: one intensity for the whole
+    step, as if the matmuls' arithmetic could hide the cache reads. It is never above
+    :func:`decode_step_s_per_operation`, and is low once the matmuls are compute-bound."""
+    flops = decode_step_flops(active_params, batch)
+    moved = decode_bytes_from_sizes(weight_bytes, batch, kv_bytes_per_sequence)
+    return max(flops / machine.peak_flops_per_s, moved / machine.bandwidth_bytes_per_s)
+
+
+def matmul_ridge_batch(active_params: int, weight_bytes: int, machine: Machine) -> float:
+    """``B* = F W / (2 P BW)``: the batch at which the weight matmuls reach the ridge,
+    whatever the context (the cache is attention's traffic, not theirs). At bf16
+    (``W = 2 P``) it is the ridge point itself; fp8 weights on fp8 tensor cores
+    (``W = P``, ``F`` doubled) give the same batch, fp8 weights on bf16 arithmetic half."""
+    require_int(active_params, "active_params", 1)
+    require_int(weight_bytes, "weight_bytes", 1)
+    return machine.ridge_flops_per_byte * weight_bytes / (2 * active_params)

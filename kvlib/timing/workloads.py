@@ -1,7 +1,7 @@
 """What the course times: a copy, a read, a matrix multiply, decode attention over a KV cache.
 
 Each builder allocates its tensors on the device once and returns a
-:class:`Workload`: a no-argument function to pass to
+:class:`Kernel`: a no-argument function to pass to
 :func:`kvlib.timing.bench`, and the bytes it moves and FLOPs it does, counted
 by :mod:`kvlib.timing.roofline` (minimum traffic: each operand read once, each
 output written once; a copy counts ``2 N``). torch is imported inside the
@@ -21,7 +21,7 @@ from kvlib.timing.devices import resolve_device
 __all__ = [
     "DECODE_IMPLS",
     "TORCH_DTYPES",
-    "Workload",
+    "Kernel",
     "copy",
     "decode_attention",
     "matmul",
@@ -35,7 +35,7 @@ DECODE_IMPLS = ("sdpa", "matmul")
 
 
 @dataclass(frozen=True)
-class Workload:
+class Kernel:
     """A function to time, with the bytes it moves and the FLOPs it does per call."""
 
     name: str
@@ -66,7 +66,7 @@ def _element_bytes(dtype: Any) -> int:
     return int(dtype.itemsize)
 
 
-def copy(n_bytes: int, device: str) -> Workload:
+def copy(n_bytes: int, device: str) -> Kernel:
     """``dst.copy_(src)`` of ``n_bytes`` on one device: ``2 N`` bytes moved (read + write)."""
     import torch
 
@@ -74,22 +74,22 @@ def copy(n_bytes: int, device: str) -> Workload:
     where = resolve_device(device)
     src = torch.ones(n_bytes, dtype=torch.uint8, device=where)
     dst = torch.empty_like(src)
-    return Workload("copy", lambda: dst.copy_(src), moved, 0,
-                    f"copy of {n_bytes:,} bytes (read + write: {moved:,} bytes moved)")  # fmt: skip
+    return Kernel("copy", lambda: dst.copy_(src), moved, 0,
+                    f"copy of {n_bytes:,} bytes (read + write: {moved:,} bytes moved)")
 
 
-def read(n_bytes: int, device: str) -> Workload:
+def read(n_bytes: int, device: str) -> Kernel:
     """``x.sum()`` over ``n_bytes`` of float32: a pure read, the other reference bandwidth."""
     import torch
 
     elements = max(1, n_bytes // 4)
     x = torch.ones(elements, dtype=torch.float32, device=resolve_device(device))
     moved = elements * 4
-    return Workload("read", lambda: x.sum(), moved, elements,
-                    f"sum of {moved:,} bytes of float32 (read only)")  # fmt: skip
+    return Kernel("read", lambda: x.sum(), moved, elements,
+                    f"sum of {moved:,} bytes of float32 (read only)")
 
 
-def matmul(m: int, n: int, k: int, dtype: str, device: str) -> Workload:
+def matmul(m: int, n: int, k: int, dtype: str, device: str) -> Kernel:
     """``C = A @ B`` with A (m x k), B (k x n) into a preallocated C: ``2 m n k`` FLOPs."""
     import torch
 
@@ -100,8 +100,8 @@ def matmul(m: int, n: int, k: int, dtype: str, device: str) -> Workload:
     a = torch.randn(m, k, dtype=kind, device=where)
     b = torch.randn(k, n, dtype=kind, device=where)
     c = torch.empty(m, n, dtype=kind, device=where)
-    return Workload("matmul", lambda: torch.mm(a, b, out=c), moved, flops,
-                    f"matmul ({m} x {k}) @ ({k} x {n}) in {check_dtype(dtype)}")  # fmt: skip
+    return Kernel("matmul", lambda: torch.mm(a, b, out=c), moved, flops,
+                    f"matmul ({m} x {k}) @ ({k} x {n}) in {check_dtype(dtype)}")
 
 
 def decode_attention(
@@ -113,7 +113,7 @@ def decode_attention(
     dtype: str,
     device: str,
     impl: str = "sdpa",
-) -> Workload:
+) -> Kernel:
     """One decode step of attention: ``B`` new queries over a cache of ``T`` tokens each.
 
     Shapes: q (B, H, 1, d); cached K and V (B, H_kv, T, d). ``impl="sdpa"``
@@ -154,4 +154,4 @@ def decode_attention(
         f"decode attention ({impl}): batch {batch}, {context_tokens:,} cached tokens, "
         f"{heads} heads / {kv_heads} KV heads of {head_dim}, {check_dtype(dtype)}"
     )
-    return Workload("decode-attention", fn, moved, flops, text)
+    return Kernel("decode-attention", fn, moved, flops, text)

@@ -76,7 +76,7 @@ def _llama_mlp(cfg: ModelConfig, layer: int) -> list[LayerTensor]:
 def _llama(cfg: ModelConfig) -> LayerTensors:
     norms = 4 if cfg.model_type in _FOUR_NORMS else 2
     names = ("input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm",
-             "post_feedforward_layernorm")[:norms]  # fmt: skip
+             "post_feedforward_layernorm")[:norms]
 
     def layer(i: int) -> list[LayerTensor]:
         tensors = _llama_attention(cfg, f"{LAYER}.self_attn") + _llama_mlp(cfg, i)
@@ -193,7 +193,7 @@ FAMILY_LAYERS: dict[str, Callable[[ModelConfig], LayerTensors]] = {
             "gemma3_text",
             "phi3",
         )
-    },  # fmt: skip
+    },
     "gpt2": _gpt2,
     "gpt_neox": _gpt_neox,
     "phi": _phi,
@@ -222,7 +222,7 @@ def vision_groups(cfg: ModelConfig) -> list[Tensor] | None:
                                                     v.patch_size), "other"),
         (f"{p}.embeddings.patch_embedding.bias", (h,), "bias"),
         (f"{p}.embeddings.position_embedding.weight", (patches, h), "embedding"),
-    ]  # fmt: skip
+    ]
     for i in range(v.num_hidden_layers):
         q = f"{p}.encoder.layers.{i}"
         layer = norm(f"{q}.layer_norm1", h, True) + norm(f"{q}.layer_norm2", h, True)
@@ -233,6 +233,6 @@ def vision_groups(cfg: ModelConfig) -> list[Tensor] | None:
     tensors += [(m, s, r) for m, s, r, _, _ in norm(f"{p}.post_layernorm", h, True)]
     # Gemma3MultiModalProjector: a (vision, text) matrix and an RMSNorm over the vision width.
     tensors.append(("model.multi_modal_projector.mm_input_projection_weight",
-                    (h, cfg.hidden_size), "linear"))  # fmt: skip
+                    (h, cfg.hidden_size), "linear"))
     tensors.append(("model.multi_modal_projector.mm_soft_emb_norm.weight", (h,), "norm"))
     return tensors

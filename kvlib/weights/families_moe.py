@@ -46,7 +46,7 @@ def _mla(cfg: ModelConfig) -> list[LayerTensor]:
     tensors += linear(f"{p}.kv_a_proj_with_mqa", m.latent_dim, h, bias)
     tensors += norm(f"{p}.kv_a_layernorm", m.kv_lora_rank, False)
     tensors += linear(f"{p}.kv_b_proj", heads * (m.qk_nope_head_dim + m.v_head_dim),
-                      m.kv_lora_rank, False)  # fmt: skip
+                      m.kv_lora_rank, False)
     return tensors + linear(f"{p}.o_proj", h, heads * m.v_head_dim, bias)
 
 

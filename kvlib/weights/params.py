@@ -22,7 +22,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from kvlib._validate import require_int
+from kvlib._validate import cdiv, require_int
 from kvlib.config import ConfigError, ModelConfig
 from kvlib.dtypes import bytes_for, check_dtype
 from kvlib.weights.layouts import UnknownLayout, WeightGroup, weight_groups
@@ -105,7 +105,7 @@ def weight_bytes(
     total = bytes_for(count, weight_dtype)
     if group_size is not None:
         require_int(group_size, "group_size", 1)
-        total += bytes_for(-(-count // group_size), scale_dtype)
+        total += bytes_for(cdiv(count, group_size), scale_dtype)
     return total
 
 

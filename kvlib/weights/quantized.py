@@ -25,6 +25,7 @@ import fnmatch
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from kvlib._validate import cdiv
 from kvlib.config import QuantizationConfig
 from kvlib.dtypes import bytes_for
 from kvlib.weights.layouts import WeightGroup
@@ -67,13 +68,13 @@ def _matrix_bytes(out: int, inp: int, q: QuantizationConfig) -> int:
         if q.block_shape is None:
             return out * inp + 4
         b0, b1 = q.block_shape
-        return out * inp + 4 * (-(-out // b0)) * (-(-inp // b1))
+        return out * inp + 4 * cdiv(out, b0) * cdiv(inp, b1)
     if q.method == "mxfp4":
-        return bytes_for(out * inp, "int4") + out * -(-inp // _MX_BLOCK)
+        return bytes_for(out * inp, "int4") + out * cdiv(inp, _MX_BLOCK)
     bits = q.bits or 4
     group = inp if q.group_size in (None, -1) else q.group_size
-    groups = -(-inp // group)
-    packed = -(-out * inp * bits // 8) + -(-groups * out * bits // 8) + 2 * groups * out
+    groups = cdiv(inp, group)
+    packed = cdiv(out * inp * bits, 8) + cdiv(groups * out * bits, 8) + 2 * groups * out
     return packed + (4 * inp if q.method == "gptq" else 0)
 
 

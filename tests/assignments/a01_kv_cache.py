@@ -27,4 +27,9 @@ WRONG = {
         "    * N.bytes_per_weight + N.context_tokens * N.kv_bytes_per_token))",
         "share one read of the weights",
     ),
+    "cache_tokens": (
+        "cache_tokens = (int(N.utilization * N.gpu_mib * MiB) - params_billion * 10**9\n"
+        "    * bytes_per_weight) // (N.kv_bytes_per_token // gpus)",
+        "you subtracted all of them",
+    ),
 }

@@ -29,4 +29,17 @@ WRONG = {
         "pool_tokens = N.kv_memory_bytes // (2 * layers * kv_heads * head_dim * b)",
         "first cuts it into whole blocks",
     ),
+    "max_concurrency": (
+        "layers, kv_heads, head_dim = N.model\n"
+        "per_token = 2 * layers * kv_heads * head_dim * 2\n"
+        "max_concurrency = N.kv_memory_bytes // (N.block_size * per_token)"
+        " * N.block_size / N.max_model_len",
+        "divided the pool's tokens by max_model_len",
+    ),
+    "hybrid_concurrency": (
+        "page = 2 * 16 * 8 * 64 * 2\n"
+        "num_blocks = N.kv_memory_bytes // (page * (N.layers // 2))\n"
+        "hybrid_concurrency = num_blocks / (2 * -(-N.max_model_len // 16))",
+        "budgeted the sliding group like the full one",
+    ),
 }

@@ -25,4 +25,8 @@ WRONG = {
         " + 2 * N.heads * N.context_tokens * N.v_dim",
         "decompressed keys",
     ),
+    "sparse_query_mib": (
+        "sparse_query_mib = N.layers * min(N.top_k, N.context_tokens) * 656 / MiB",
+        "left out the indexer keys",
+    ),
 }

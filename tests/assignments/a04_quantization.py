@@ -20,6 +20,13 @@ WRONG = {
         "tokens_per_s = N.gpu[1] * GB / (params * N.weight_bits / 8)",
         "left out the KV cache",
     ),
+    "kv_seats": (
+        "layers, kv_heads, head_dim = N.model\n"
+        "bits = 4 if N.cache[0] == 'q4_0' else 8\n"
+        "bytes_per_token = 2 * layers * kv_heads * head_dim * bits // 8\n"
+        "kv_seats = N.free_gib * GiB // (bytes_per_token * N.context)",
+        "left out the scales",
+    ),
     "max_error": (
         "max_error = (max(N.hi, 0) - min(N.lo, 0)) / 16 / 2",
         "15 steps",

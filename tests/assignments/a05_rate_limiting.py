@@ -5,9 +5,12 @@ ASSIGNMENT = "05_rate_limiting"
 NOTEBOOK = "rate_limiting"
 WRONG = {
     "admitted": (
-        "admitted = min(N.first_burst, N.capacity) + min(\n"
-        "    N.second_burst, N.capacity, N.requests_per_minute * N.gap_s)",
-        "per-minute rate",
+        "rate = N.requests_per_minute / 60\n"
+        "tokens = N.capacity - N.first_burst + rate * N.idle_s\n"
+        "second = min(N.second_burst, math.floor(tokens))\n"
+        "tokens = tokens - second + rate * N.gap_s\n"
+        "admitted = N.first_burst + second + min(N.third_burst, math.floor(tokens))",
+        "never holds more than its capacity",
     ),
     "p95_wait_s": (
         "rho = arrivals_per_minute / 60 * service_s\np95_wait_s = rho * service_s / (1 - rho)",
@@ -18,10 +21,19 @@ WRONG = {
         "shed_fraction = 1 - target * slots / service_s / total",
         "share of all traffic",
     ),
-    "paid_p95_after_s": (
+    "share_over_old_p95": (
+        "from kvlib.serving.queueing import priority_mmc\n"
+        "paid, free = paid_per_minute / 60, free_per_minute / 60\n"
+        "old_p95 = priority_mmc(paid, free, service_s, slots).paid_p95_wait_s\n"
+        "share_over_old_p95 = math.exp(-(slots * 7 // 10 / service_s - paid) * old_p95)",
+        "leaves out C",
+    ),
+    "p95_end_to_end_s": (
         "from kvlib.serving.queueing import mmc\n"
-        "total = (paid_per_minute + free_per_minute) / 60\n"
-        "paid_p95_after_s = mmc(total, service_s, slots * 7 // 10).p95_wait_s",
-        "ignores the priority",
+        "seat = context_tokens * kv_kib_per_token * 1024\n"
+        "c = min(max_num_seqs, free_gib * 1024**3 // seat)\n"
+        "service = output_tokens * weights_gb * 10**9 / (bandwidth_tb_s * 10**12)\n"
+        "p95_end_to_end_s = mmc(arrivals_per_minute / 60, service, c).p95_wait_s",
+        "reads every running request's cache",
     ),
 }

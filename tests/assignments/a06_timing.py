@@ -13,9 +13,8 @@ WRONG = {
         "with sparsity",
     ),
     "ttft_s": (
-        "ttft_s = 2 * N.params_billion * 1e9 * N.prompt_tokens"
-        " / (N.mfu * 2 * gpu.bf16_dense_flops_per_s)",
-        "with sparsity",
+        "ttft_s = 2 * N.model[0] * 1e9 * N.prompt_tokens / (N.mfu * gpu.bf16_dense_flops_per_s)",
+        "left out attention",
     ),
     "copy_fraction": (
         "fraction = n_bytes / (median_us * 1e-6) / (N.datasheet_tb_s * 1e12)",

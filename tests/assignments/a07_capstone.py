@@ -32,4 +32,18 @@ WRONG = {
         "crossover = N.gpu_hour_price * 1e6 / (N.tokens_per_s_per_gpu * N.price_per_million)",
         "3,600 seconds",
     ),
+    "config_seats": (
+        "if config.get('kv_lora_rank'):\n"
+        "    per_token = (config['kv_lora_rank'] + config['qk_rope_head_dim']) * 2\n"
+        "else:\n"
+        "    head_dim = config.get('head_dim') or config['hidden_size'] // "
+        "config['num_attention_heads']\n"
+        "    per_token = 2 * (config['num_key_value_heads'] // N.tp) * head_dim * 2\n"
+        "config_seats = N.pool_gib * GiB // (N.context * per_token)",
+        "cached in every layer",
+    ),
+    "first_token_step": (
+        "first_token_step = math.ceil(N.prompt / (N.budget - N.decoding)) + 1",
+        "not the step after it",
+    ),
 }

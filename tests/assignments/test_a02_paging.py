@@ -2,114 +2,56 @@
 problem, the solution gets it right, every named mistake stays out of the tolerance, and
 the block-pool challenge's formula is what the real block pool does.
 
-Each hidden test of ``solutions/02_paging/paging.ipynb`` is run with ``numbers``
-replaced by an enumeration of every combination of its choices and ``expect`` by a
-recorder, so the right value and the mistakes are the hidden test's own, not a copy.
+Each hidden test of ``solutions/02_paging/paging.ipynb`` is swept (``sweep.py``): run with
+``numbers`` returning each combination of its choices in turn and ``expect`` replaced by
+a recorder, so the right value and the mistakes are the hidden test's own, not a copy.
 """
 
 from __future__ import annotations
 
-import functools
-import itertools
 import math
-import re
-from collections.abc import Iterator, Mapping, Sequence
-from pathlib import Path
-from types import CodeType
-from typing import Any
 
-import nbformat
 import pytest
 
 import kvlib.grading as grading
-from kvlib.grading import Numbers
+from assignments import sweep
+from kvlib.config import load_config
+from kvlib.grading import sliding_config
+from kvlib.paging.prefix import prefix_sharing
 from kvlib.paging.table import PagedKVCache
+from kvlib.paging.vllm_pool import kv_pool
 
-NOTEBOOK = Path(__file__).resolve().parents[2] / "solutions/02_paging/paging.ipynb"
-HIDDEN = re.compile(r"### BEGIN HIDDEN TESTS\n(.*?)### END HIDDEN TESTS", re.S)
-SOLUTION = re.compile(r"### BEGIN SOLUTION\n(.*?)### END SOLUTION", re.S)
-
-
-def _cells() -> dict[str, str]:
-    nb = nbformat.read(NOTEBOOK, as_version=4)
-    return {
-        c.metadata["nbgrader"]["grade_id"]: c.source for c in nb.cells if "nbgrader" in c.metadata
-    }
+NOTEBOOK = sweep.Notebook("02_paging/paging.ipynb")
+CELLS = NOTEBOOK.cells
+TESTS = NOTEBOOK.tests
+UNITS = NOTEBOOK.units
 
 
-CELLS = _cells()
-TESTS = [gid for gid, src in CELLS.items() if HIDDEN.search(src)]
-
-
-class _Stop(Exception):
-    pass
-
-
-def _choices(hidden: str) -> tuple[str, dict[str, Sequence[Any]]]:
-    """The challenge name and choices the hidden test passes to ``numbers``."""
-    seen: dict[str, Any] = {}
-
-    def probe(challenge: str, /, **choices: Sequence[Any]) -> Numbers:
-        seen.update(challenge=challenge, choices=choices)
-        raise _Stop
-
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(grading, "numbers", probe)
-        with pytest.raises(_Stop):
-            exec(hidden, {"numbers": probe})  # a prompt cell has it from the setup cell
-    return seen["challenge"], seen["choices"]
-
-
-def _draws(challenge: str, choices: Mapping[str, Sequence[Any]]) -> Iterator[Numbers]:
-    names = list(choices)
-    for combo in itertools.product(*(list(choices[n]) for n in names)):
-        yield Numbers(challenge, dict(zip(names, combo, strict=True)))
-
-
-@functools.cache
-def _compiled(source: str) -> CodeType:
-    return compile(source, "<cell>", "exec")
-
-
-def _run(source: str, draw: Numbers, **names: Any) -> dict[str, Any]:
-    """Execute ``source`` with ``numbers`` returning ``draw``; return its namespace."""
-    recorded: dict[str, Any] = {}
-
-    def record(answer: object, expected: float, **kwargs: Any) -> None:
-        recorded.update(expected=expected, **kwargs)
-
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(grading, "numbers", lambda challenge, /, **choices: draw)
-        mp.setattr(grading, "expect", record)
-        namespace: dict[str, Any] = {"math": math, **names}
-        exec(_compiled(source), namespace)
-    namespace["_expect"] = recorded
-    return namespace
-
-
-UNITS = {}
-exec(CELLS["setup"].replace("from kvlib.grading import numbers, plausible\n", ""), UNITS)
-
-
-def test_five_challenges_worth_ten_points() -> None:
-    nb = nbformat.read(NOTEBOOK, as_version=4)
-    points = [c.metadata["nbgrader"].get("points", 0) for c in nb.cells if "nbgrader" in c.metadata]
-    assert TESTS == ["blocks", "reserved_extra_mib", "prefix_saved_mib", "fork_blocks",
-                     "pool_tokens"]  # fmt: skip
-    assert sum(points) == 10
+def test_seven_challenges_worth_fourteen_points() -> None:
+    points = NOTEBOOK.points
+    assert TESTS == [
+        "blocks",
+        "reserved_extra_mib",
+        "prefix_saved_mib",
+        "fork_blocks",
+        "pool_tokens",
+        "max_concurrency",
+        "hybrid_concurrency",
+    ]
+    assert sum(points) == 14
 
 
 @pytest.mark.parametrize("grade_id", TESTS)
 def test_every_draw_is_sensible_solved_and_its_mistakes_distinct(grade_id: str) -> None:
-    hidden = HIDDEN.search(CELLS[grade_id])
-    solution = SOLUTION.search(CELLS[f"answer_{grade_id}"])
+    hidden = sweep.HIDDEN.search(CELLS[grade_id])
+    solution = sweep.SOLUTION.search(CELLS[f"answer_{grade_id}"])
     assert hidden is not None and solution is not None
-    challenge, choices = _choices(hidden.group(1))
+    challenge, choices = sweep.choices(hidden.group(1))
     draws = 0
-    for draw in _draws(challenge, choices):
+    for draw in sweep.draws(challenge, choices):
         draws += 1
-        answer = _run(solution.group(1), draw, N=draw, **UNITS)[grade_id]
-        graded = _run(hidden.group(1), draw, **{grade_id: answer})["_expect"]
+        answer = sweep.run(solution.group(1), draw, N=draw, **UNITS)[grade_id]
+        graded = sweep.run(hidden.group(1), draw, **{grade_id: answer})["_expect"]
         right, rel = graded["expected"], graded.get("rel", 1e-9)
         assert right > 0, (draw, right)
         assert math.isclose(answer, right, rel_tol=max(rel, 1e-12)), (draw, answer, right)
@@ -129,29 +71,20 @@ def test_every_draw_is_sensible_solved_and_its_mistakes_distinct(grade_id: str) 
 
 @pytest.mark.parametrize("grade_id", TESTS)
 def test_the_visible_check_accepts_every_right_answer(grade_id: str) -> None:
-    hidden = HIDDEN.search(CELLS[grade_id])
-    assert hidden is not None
-    challenge, choices = _choices(hidden.group(1))
     check = CELLS[f"check_{grade_id}"]
-    for draw in _draws(challenge, choices):
-        right = _run(hidden.group(1), draw, **{grade_id: None})["_expect"]["expected"]
-        exec(_compiled(check), {"plausible": grading.plausible, grade_id: right})
+    for _, right in NOTEBOOK.right_values(grade_id):
+        exec(sweep.compiled(check), {"plausible": grading.plausible, grade_id: right})
 
 
 def test_the_prompt_draws_the_numbers_the_hidden_test_draws() -> None:
     for grade_id in TESTS:
-        hidden = HIDDEN.search(CELLS[grade_id])
-        assert hidden is not None
-        assert _choices(hidden.group(1)) == _choices(CELLS[f"numbers_{grade_id}"])
+        hidden = NOTEBOOK.hidden(grade_id)
+        assert sweep.choices(hidden) == sweep.choices(CELLS[f"numbers_{grade_id}"])
 
 
 def test_the_fork_formula_is_what_the_block_pool_does() -> None:
     """Every draw of the copy-on-write challenge, run on kvlib.paging.table's PagedKVCache."""
-    hidden = HIDDEN.search(CELLS["fork_blocks"])
-    assert hidden is not None
-    challenge, choices = _choices(hidden.group(1))
-    for draw in _draws(challenge, choices):
-        right = _run(hidden.group(1), draw, fork_blocks=None)["_expect"]["expected"]
+    for draw, right in NOTEBOOK.right_values("fork_blocks"):
         cache = PagedKVCache(200, draw.block_size)
         cache.add_sequence(0, list(range(draw.prompt_tokens)))
         for i in range(1, draw.samples):
@@ -160,3 +93,58 @@ def test_the_fork_formula_is_what_the_block_pool_does() -> None:
             for i in range(draw.samples):
                 cache.append_tokens(i, [10_000 * i + step])
         assert cache.pool.num_used_blocks == right, draw
+
+
+def test_the_concurrency_challenges_are_what_kv_pool_logs() -> None:
+    """Every draw of challenges 6 and 7, against kvlib.paging.vllm_pool.kv_pool on a config
+    built from the draw (a Llama-format one, and an alternating sliding/full one)."""
+    for grade_id in ("max_concurrency", "hybrid_concurrency"):
+        for draw, right in NOTEBOOK.right_values(grade_id):
+            if grade_id == "max_concurrency":
+                layers, kv_heads, head_dim = draw.model
+                cfg = load_config(
+                    {
+                        "model_type": "llama",
+                        "num_hidden_layers": layers,
+                        "num_attention_heads": 4 * kv_heads,
+                        "num_key_value_heads": kv_heads,
+                        "head_dim": head_dim,
+                        "hidden_size": 4096,
+                    }
+                )
+                pool = kv_pool(
+                    cfg,
+                    draw.kv_memory_bytes,
+                    max_model_len=draw.max_model_len,
+                    block_size=draw.block_size,
+                )
+            else:
+                cfg = load_config(
+                    sliding_config(
+                        layers=draw.layers,
+                        full_every=2,
+                        kv_heads=8,
+                        heads=32,
+                        head_dim=64,
+                        hidden_size=2048,
+                        window=draw.window,
+                    )
+                )
+                pool = kv_pool(
+                    cfg,
+                    draw.kv_memory_bytes,
+                    max_model_len=draw.max_model_len,
+                    max_num_batched_tokens=draw.max_num_batched_tokens,
+                )
+                assert len(pool.groups) == 2, draw
+            assert math.isclose(pool.max_concurrency, right, rel_tol=1e-12), (draw, right)
+
+
+def test_the_prefix_challenge_is_what_prefix_sharing_saves() -> None:
+    """Every draw of challenge 3 against kvlib.paging.prefix.prefix_sharing, which the
+    hidden test may not import (hidden tests import only the modules the grader loads)."""
+    for draw, right in NOTEBOOK.right_values("prefix_saved_mib"):
+        layers, kv_heads, head_dim = draw.model
+        block = draw.block_size * 2 * layers * kv_heads * head_dim * 2
+        saved = prefix_sharing(draw.requests, draw.system_tokens, 1, draw.block_size)
+        assert math.isclose(saved.blocks_saved * block / 2**20, right, rel_tol=1e-12), draw

@@ -1,98 +1,41 @@
 """The chapter 4 assignment on every draw of its numbers: each challenge is a sensible
-problem, the solution gets it right, and every named mistake stays out of the tolerance.
+problem, the solution gets it right, every named mistake stays out of the tolerance,
+the grader answers each mistake's value with its hint, and no hint quotes the answer.
 
-Each hidden test of ``solutions/04_quantization/quantization.ipynb`` is run with
-``numbers`` replaced by an enumeration of every combination of its choices and
-``expect`` replaced by a recorder, so the right value and the mistakes are the
+Each hidden test of ``solutions/04_quantization/quantization.ipynb`` is swept
+(``sweep.py``): run with ``numbers`` returning each combination of its choices in turn
+and ``expect`` replaced by a recorder, so the right value and the mistakes are the
 hidden test's own, not a copy.
 """
 
 from __future__ import annotations
 
-import itertools
 import math
 import re
-from collections.abc import Iterator, Mapping, Sequence
-from pathlib import Path
-from typing import Any
 
-import nbformat
 import pytest
 
 import kvlib.grading as grading
-from kvlib.grading import Numbers
+from assignments import sweep
+from assignments.sweep import REAL_EXPECT
 
-NOTEBOOK = Path(__file__).resolve().parents[2] / "solutions/04_quantization/quantization.ipynb"
-HIDDEN = re.compile(r"### BEGIN HIDDEN TESTS\n(.*?)### END HIDDEN TESTS", re.S)
-SOLUTION = re.compile(r"### BEGIN SOLUTION\n(.*?)### END SOLUTION", re.S)
-
-
-def _cells() -> dict[str, str]:
-    nb = nbformat.read(NOTEBOOK, as_version=4)
-    return {
-        c.metadata["nbgrader"]["grade_id"]: c.source for c in nb.cells if "nbgrader" in c.metadata
-    }
-
-
-CELLS = _cells()
-TESTS = [gid for gid, src in CELLS.items() if HIDDEN.search(src)]
-
-
-class _Stop(Exception):
-    pass
-
-
-def _choices(hidden: str) -> tuple[str, dict[str, Sequence[Any]]]:
-    """The challenge name and choices the hidden test passes to ``numbers``."""
-    seen: dict[str, Any] = {}
-
-    def probe(challenge: str, /, **choices: Sequence[Any]) -> Numbers:
-        seen.update(challenge=challenge, choices=choices)
-        raise _Stop
-
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(grading, "numbers", probe)
-        with pytest.raises(_Stop):
-            exec(hidden, {})
-    return seen["challenge"], seen["choices"]
-
-
-def _draws(challenge: str, choices: Mapping[str, Sequence[Any]]) -> Iterator[Numbers]:
-    names = list(choices)
-    for combo in itertools.product(*(list(choices[n]) for n in names)):
-        yield Numbers(challenge, dict(zip(names, combo, strict=True)))
-
-
-def _run(source: str, draw: Numbers, **names: Any) -> dict[str, Any]:
-    """Execute ``source`` with ``numbers`` returning ``draw``; return its namespace."""
-    recorded: dict[str, Any] = {}
-
-    def record(answer: object, expected: float, **kwargs: Any) -> None:
-        recorded.update(expected=expected, **kwargs)
-
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(grading, "numbers", lambda challenge, /, **choices: draw)
-        mp.setattr(grading, "expect", record)
-        namespace: dict[str, Any] = {"math": math, **names}
-        exec(source, namespace)
-    namespace["_expect"] = recorded
-    return namespace
+NOTEBOOK = sweep.Notebook("04_quantization/quantization.ipynb")
+CELLS = NOTEBOOK.cells
+TESTS = NOTEBOOK.tests
+UNITS = NOTEBOOK.units  # what the setup cell imports
 
 
 @pytest.mark.parametrize("grade_id", TESTS)
 def test_every_draw_is_sensible_solved_and_its_mistakes_distinct(grade_id: str) -> None:
-    hidden = HIDDEN.search(CELLS[grade_id])
-    solution = SOLUTION.search(CELLS[f"answer_{grade_id}"])
+    hidden = sweep.HIDDEN.search(CELLS[grade_id])
+    solution = sweep.SOLUTION.search(CELLS[f"answer_{grade_id}"])
     assert hidden is not None and solution is not None
-    challenge, choices = _choices(hidden.group(1))
-    from kvlib.units import GB, MB, GiB, MiB  # what the setup cell imports
-
-    units = {"GB": GB, "GiB": GiB, "MB": MB, "MiB": MiB}
+    challenge, choices = sweep.choices(hidden.group(1))
     draws = 0
-    for draw in _draws(challenge, choices):
+    for draw in sweep.draws(challenge, choices):
         draws += 1
-        answer = _run(solution.group(1), draw, N=draw, **units)[grade_id]
-        graded = _run(hidden.group(1), draw, **{grade_id: answer})["_expect"]
+        answer = sweep.run(solution.group(1), draw, N=draw, **UNITS)[grade_id]
+        graded = sweep.run(hidden.group(1), draw, **{grade_id: answer})["_expect"]
         right, rel = graded["expected"], graded.get("rel", 1e-9)
         assert right > 0, (draw, right)
         if graded.get("integer"):
@@ -102,21 +45,24 @@ def test_every_draw_is_sensible_solved_and_its_mistakes_distinct(grade_id: str) 
             assert not math.isclose(wrong, right, rel_tol=2 * max(rel, 1e-9)), (
                 f"{draw}: the mistake {hint!r} gives {wrong}, too close to {right}"
             )
+            # The slip's value gets its own hint, and no hint quotes the answer.
+            kwargs = {k: v for k, v in graded.items() if k != "expected"}
+            with pytest.raises(AssertionError) as failure:
+                REAL_EXPECT(wrong, right, **kwargs)
+            assert hint in str(failure.value), (draw, hint, str(failure.value))
+            # Numbers as the learner reads them: not "16" in fp16, nor the 20 of 2^20.
+            for quoted in re.findall(r"(?<![\w.^])\d+(?:\.\d+)?(?![\w^])", hint.replace(",", "")):
+                assert not math.isclose(float(quoted), right, rel_tol=5e-3), (draw, hint)
     assert draws == math.prod(len(list(c)) for c in choices.values())
 
 
 @pytest.mark.parametrize("grade_id", TESTS)
 def test_the_visible_check_accepts_every_right_answer(grade_id: str) -> None:
-    hidden = HIDDEN.search(CELLS[grade_id])
-    assert hidden is not None
-    challenge, choices = _choices(hidden.group(1))
     check = CELLS[f"check_{grade_id}"]
-    for draw in _draws(challenge, choices):
-        right = _run(hidden.group(1), draw, **{grade_id: None})["_expect"]["expected"]
-        exec(check, {"plausible": grading.plausible, grade_id: right})
+    for _, right in NOTEBOOK.right_values(grade_id):
+        exec(sweep.compiled(check), {"plausible": grading.plausible, grade_id: right})
 
 
-def test_four_challenges_worth_ten_points() -> None:
-    nb = nbformat.read(NOTEBOOK, as_version=4)
-    points = [c.metadata["nbgrader"].get("points", 0) for c in nb.cells if "nbgrader" in c.metadata]
-    assert len(TESTS) == 4 and sum(points) == 10
+def test_five_challenges_worth_thirteen_points() -> None:
+    points = NOTEBOOK.points
+    assert len(TESTS) == 5 and sum(points) == 13

@@ -4,131 +4,60 @@ and from each other, and each right value is what an independent computation giv
 vLLM's pool arithmetic (kvlib.paging.vllm_pool), kvlib.sizing and kvlib.bounds on a config built
 from the drawn fields, the engine's own scheduler, and kvlib.capacity.crossover.
 
-Each hidden test of ``solutions/07_capstone/capstone.ipynb`` is run with ``numbers``
-replaced by an enumeration of every combination of its choices and ``expect`` by a
-recorder, so the right value and the mistakes are the hidden test's own.
+Each hidden test of ``solutions/07_capstone/capstone.ipynb`` is swept (``sweep.py``): run
+with ``numbers`` returning each combination of its choices in turn and ``expect`` replaced
+by a recorder, so the right value and the mistakes are the hidden test's own.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
-import itertools
+import io
 import math
-import re
-from collections.abc import Iterator, Mapping, Sequence
-from pathlib import Path
-from types import CodeType
 from typing import Any
 
-import nbformat
 import pytest
 
 import kvlib.grading as grading
+from assignments import sweep
 from kvlib.bounds import kv_bytes_per_gpu
 from kvlib.capacity.crossover import crossover
 from kvlib.config import load_config
 from kvlib.engine.scheduler import Scheduler, SeqState
-from kvlib.grading import Numbers
 from kvlib.paging.table import PagedKVCache
 from kvlib.paging.vllm_pool import kv_pool
 from kvlib.sizing import seats_for_context
 from kvlib.units import GiB, MiB
 
-NOTEBOOK = Path(__file__).resolve().parents[2] / "solutions/07_capstone/capstone.ipynb"
-HIDDEN = re.compile(r"### BEGIN HIDDEN TESTS\n(.*?)### END HIDDEN TESTS", re.S)
-SOLUTION = re.compile(r"### BEGIN SOLUTION\n(.*?)### END SOLUTION", re.S)
+NOTEBOOK = sweep.Notebook("07_capstone/capstone.ipynb")
+CELLS = NOTEBOOK.cells
+TESTS = NOTEBOOK.tests
+UNITS = NOTEBOOK.units
 # Fewest named mistakes every draw keeps; a GPU count has few wrong values to be.
-MIN_MISTAKES = {"tp_gpus": 2}
+MIN_MISTAKES = {"tp_gpus": 2, "first_token_step": 2}
 
 
-def _cells() -> dict[str, str]:
-    nb = nbformat.read(NOTEBOOK, as_version=4)
-    return {
-        c.metadata["nbgrader"]["grade_id"]: c.source for c in nb.cells if "nbgrader" in c.metadata
-    }
-
-
-CELLS = _cells()
-TESTS = [gid for gid, src in CELLS.items() if HIDDEN.search(src)]
-
-
-class _Stop(Exception):
-    pass
-
-
-def _choices(source: str) -> tuple[str, dict[str, Sequence[Any]]]:
-    seen: dict[str, Any] = {}
-
-    def probe(challenge: str, /, **choices: Sequence[Any]) -> Numbers:
-        seen.update(challenge=challenge, choices=choices)
-        raise _Stop
-
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(grading, "numbers", probe)
-        with pytest.raises(_Stop):
-            exec(source, {"numbers": probe})
-    return seen["challenge"], seen["choices"]
-
-
-def _draws(challenge: str, choices: Mapping[str, Sequence[Any]]) -> Iterator[Numbers]:
-    names = list(choices)
-    for combo in itertools.product(*(list(choices[n]) for n in names)):
-        yield Numbers(challenge, dict(zip(names, combo, strict=True)))
-
-
-@functools.cache
-def _compiled(source: str) -> CodeType:
-    return compile(source, "<cell>", "exec")
-
-
-def _run(source: str, draw: Numbers, **names: Any) -> dict[str, Any]:
-    recorded: dict[str, Any] = {}
-
-    def record(answer: object, expected: float, **kwargs: Any) -> None:
-        recorded.update(expected=expected, **kwargs)
-
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(grading, "numbers", lambda challenge, /, **choices: draw)
-        mp.setattr(grading, "expect", record)
-        namespace: dict[str, Any] = {"math": math, **names}
-        exec(_compiled(source), namespace)
-    namespace["_expect"] = recorded
-    return namespace
-
-
-UNITS: dict[str, Any] = {}
-exec(CELLS["setup"].replace("from kvlib.grading import numbers, plausible\n", ""), UNITS)
-
-
-def _hidden(grade_id: str) -> str:
-    found = HIDDEN.search(CELLS[grade_id])
-    assert found is not None
-    return found.group(1)
-
-
-def _right_values(grade_id: str) -> Iterator[tuple[Numbers, Any]]:
-    hidden = _hidden(grade_id)
-    for draw in _draws(*_choices(hidden)):
-        yield draw, _run(hidden, draw, **{grade_id: None})["_expect"]["expected"]
-
-
-def test_five_challenges_worth_ten_points() -> None:
-    nb = nbformat.read(NOTEBOOK, as_version=4)
-    points = [c.metadata["nbgrader"].get("points", 0) for c in nb.cells if "nbgrader" in c.metadata]
-    assert TESTS == ["seats_freed", "fp8_seats", "tp_gpus", "still_running", "crossover"]
-    assert sum(points) == 10
+def test_seven_challenges_worth_fourteen_points() -> None:
+    points = NOTEBOOK.points
+    assert TESTS == ["seats_freed", "fp8_seats", "tp_gpus", "still_running", "crossover",
+                     "config_seats", "first_token_step"]
+    assert sum(points) == 14
 
 
 @pytest.mark.parametrize("grade_id", TESTS)
 def test_every_draw_is_sensible_solved_and_its_mistakes_distinct(grade_id: str) -> None:
-    hidden = _hidden(grade_id)
-    solution = SOLUTION.search(CELLS[f"answer_{grade_id}"])
+    hidden = NOTEBOOK.hidden(grade_id)
+    solution = sweep.SOLUTION.search(CELLS[f"answer_{grade_id}"])
     assert solution is not None
     draws = 0
-    for draw in _draws(*_choices(hidden)):
+    for draw in sweep.draws(*sweep.choices(hidden)):
         draws += 1
-        answer = _run(solution.group(1), draw, N=draw, **UNITS)[grade_id]
-        graded = _run(hidden, draw, **{grade_id: answer})["_expect"]
+        # The student's cell runs after the numbers cell (which may define `config`).
+        student = CELLS[f"numbers_{grade_id}"] + "\n" + solution.group(1)
+        with contextlib.redirect_stdout(io.StringIO()):
+            answer = sweep.run(student, draw, **UNITS)[grade_id]
+        graded = sweep.run(hidden, draw, **{grade_id: answer})["_expect"]
         right, rel = graded["expected"], graded.get("rel", 1e-9)
         assert right > 0, (draw, right)
         assert math.isclose(answer, right, rel_tol=max(rel, 1e-12)), (draw, answer, right)
@@ -140,19 +69,20 @@ def test_every_draw_is_sensible_solved_and_its_mistakes_distinct(grade_id: str) 
         values = [w for _, w in wrongs]
         for i, a in enumerate(values):
             assert not any(math.isclose(a, b, rel_tol=1e-6) for b in values[i + 1 :]), draw
-    assert draws == math.prod(len(list(c)) for c in _choices(hidden)[1].values())
+    assert draws == math.prod(len(list(c)) for c in sweep.choices(hidden)[1].values())
 
 
 @pytest.mark.parametrize("grade_id", TESTS)
 def test_the_visible_check_accepts_every_right_answer(grade_id: str) -> None:
     check = CELLS[f"check_{grade_id}"]
-    for _, right in _right_values(grade_id):
-        exec(_compiled(check), {"plausible": grading.plausible, grade_id: right})
+    for _, right in NOTEBOOK.right_values(grade_id):
+        exec(sweep.compiled(check), {"plausible": grading.plausible, grade_id: right})
 
 
 def test_the_prompt_draws_the_numbers_the_hidden_test_draws() -> None:
     for grade_id in TESTS:
-        assert _choices(_hidden(grade_id)) == _choices(CELLS[f"numbers_{grade_id}"])
+        hidden = NOTEBOOK.hidden(grade_id)
+        assert sweep.choices(hidden) == sweep.choices(CELLS[f"numbers_{grade_id}"])
 
 
 @functools.cache
@@ -160,11 +90,11 @@ def _config(layers: int, heads: int, kv_heads: int, head_dim: int) -> Any:
     return load_config({"model_type": "llama", "num_hidden_layers": layers,
                         "num_attention_heads": heads, "num_key_value_heads": kv_heads,
                         "head_dim": head_dim, "hidden_size": heads * head_dim,
-                        "vocab_size": 32_000, "max_position_embeddings": 131_072})  # fmt: skip
+                        "vocab_size": 32_000, "max_position_embeddings": 131_072})
 
 
 def test_seats_freed_is_the_change_in_vllms_maximum_concurrency() -> None:
-    for i, (draw, right) in enumerate(_right_values("seats_freed")):
+    for i, (draw, right) in enumerate(NOTEBOOK.right_values("seats_freed")):
         if i % 7:
             continue  # every seventh draw: vLLM's pool arithmetic is slow to build
         cfg = _config(*draw.model)
@@ -175,7 +105,7 @@ def test_seats_freed_is_the_change_in_vllms_maximum_concurrency() -> None:
 
 
 def test_fp8_seats_are_sizings_seats_in_the_pool_left() -> None:
-    for draw, right in _right_values("fp8_seats"):
+    for draw, right in NOTEBOOK.right_values("fp8_seats"):
         _, mib, layers, heads, kv_heads, head_dim, params = draw.setup
         pool = mib * MiB * 9 // 10 - 2 * params * 10**9 - draw.runtime_gib * GiB
         cfg = _config(layers, heads, kv_heads, head_dim)
@@ -191,7 +121,7 @@ def _tp_fits(case: tuple[int, ...], tp: int) -> bool:
 
 
 def test_tp_gpus_is_the_smallest_degree_kvlib_deploy_fits() -> None:
-    for draw, right in _right_values("tp_gpus"):
+    for draw, right in NOTEBOOK.right_values("tp_gpus"):
         assert _tp_fits(draw.case, right), draw
         assert not any(_tp_fits(draw.case, tp) for tp in (1, 2, 4, 8) if tp < right), draw
         assert right in (2, 4, 8), draw  # one GPU never suffices: the question is TP
@@ -200,11 +130,11 @@ def test_tp_gpus_is_the_smallest_degree_kvlib_deploy_fits() -> None:
 def test_still_running_is_what_the_engines_scheduler_does() -> None:
     """Every draw, run through kvlib.engine.scheduler (the engine's scheduler) step by
     step until the first preemption."""
-    for draw, right in _right_values("still_running"):
+    for draw, right in NOTEBOOK.right_values("still_running"):
         blocks = draw.admitted * draw.prompt_blocks + draw.extra_blocks
         prompt = draw.prompt_blocks * draw.block_size - draw.prompt_gap
         cache = PagedKVCache(blocks, draw.block_size, enable_prefix_caching=False)
-        scheduler = Scheduler(cache, max_batch_size=16)
+        scheduler = Scheduler(cache, max_num_seqs=16)
         for i in range(draw.admitted + draw.waiting):
             scheduler.add(SeqState(f"r{i}", list(range(prompt)), 64, 0.0))
         plan = scheduler.schedule(0.0)
@@ -225,8 +155,47 @@ def test_still_running_is_what_the_engines_scheduler_does() -> None:
 
 
 def test_crossover_is_kvlib_costs() -> None:
-    for draw, right in _right_values("crossover"):
+    for draw, right in NOTEBOOK.right_values("crossover"):
         point = crossover(draw.gpu_hour_price, draw.gpus, draw.gpus * draw.tokens_per_s_per_gpu,
-                          draw.price_per_million)  # fmt: skip
+                          draw.price_per_million)
         assert right == pytest.approx(point.utilization, rel=1e-12)
         assert point.dedicated_pays, draw
+
+
+def test_config_seats_are_vllms_maximum_concurrency_on_each_gpu() -> None:
+    """Every draw against vLLM's pool arithmetic (kvlib.paging.vllm_pool: whole 16-token
+    blocks of each GPU's page) on the real config, the latent replicated under tp."""
+    for draw, right in NOTEBOOK.right_values("config_seats"):
+        cfg = load_config(draw.model)
+        pool = kv_pool(cfg, draw.pool_gib * GiB, max_model_len=draw.context, tp=draw.tp)
+        assert right == int(pool.max_concurrency), draw
+        assert right >= 1, draw
+
+
+def test_both_kinds_of_attention_are_drawn() -> None:
+    models = sweep.choices(NOTEBOOK.hidden("config_seats"))[1]["model"]
+    kinds = {load_config(m).mla is not None for m in models}
+    assert kinds == {True, False}
+
+
+def test_first_token_step_is_what_the_engines_scheduler_does() -> None:
+    """Every draw through kvlib.engine.scheduler with a token budget: the decoding
+    sequences scheduled first, the prompt chunked over what is left."""
+    for draw, right in NOTEBOOK.right_values("first_token_step"):
+        cache = PagedKVCache(4_096, 16, enable_prefix_caching=False)
+        scheduler = Scheduler(cache, max_num_seqs=draw.decoding + 1,
+                              max_num_batched_tokens=draw.budget)
+        for i in range(draw.decoding):
+            scheduler.add(SeqState(f"d{i}", [1], 10**6, 0.0))
+        plan = scheduler.schedule(0.0)
+        for seq in plan.sampled:
+            seq.generated.append(1)
+        scheduler.add(SeqState("long", list(range(draw.prompt)), 4, 1.0))
+        for step in range(1, 10_000):
+            plan = scheduler.schedule(float(step))
+            assert not plan.preempted
+            for seq in plan.sampled:
+                seq.generated.append(1)
+            if any(s.request_id == "long" for s in plan.sampled):
+                break
+        assert step == right, draw

@@ -16,6 +16,7 @@ the batch finished, and the gradebook and the course's files are intact.
 
 from __future__ import annotations
 
+import base64
 import copy
 import hashlib
 import os
@@ -55,8 +56,10 @@ MiB = 2**20
 LIMITS = Limits(
     memory_bytes=512 * MiB, output_bytes=256 * 1024, notebook_s=20, scratch_bytes=16 * MiB,
     file_bytes=8 * MiB,
-)  # fmt: skip
+)
 ALL = set(CHALLENGES)
+VERBOSE_CHARS = 20_000_000  # what the verbose student prints before answering
+STORED_BYTES = 50_000_000  # the stored output of the stored_* students
 
 LOOP = "while True:\n    pass"
 STUBBORN = (
@@ -148,7 +151,7 @@ for command in ["umount -l /tmp", "mount -o remount,rw /usr", "kill -9 -1",
 
 # Lines only the hidden tests contain (how each computes the right value).
 HIDDEN_LINES = ("right = dense(N.layers", "per_seat = N.context_tokens", "seats_that_fit(",
-                "right = prefill_seconds(", "mistakes={")  # fmt: skip
+                "right = prefill_rule_of_thumb_s(", "mistakes={")
 
 
 def _copied(victim: str) -> dict[str, str]:
@@ -177,50 +180,66 @@ def _students() -> dict[str, Student]:
                 "N.context_tokens * N.kv_bytes_per_token)",
             },
             TOTAL,
-        ),  # fmt: skip
+        ),
         "infinite_loop": Student({**RIGHT, "answer_seats": LOOP}, lose_seats, "did not finish"),
         "stubborn_loop": Student({**RIGHT, "answer_seats": STUBBORN}, lose_seats, "did not finish"),
         "kernel_exit": Student(
             {**RIGHT, "answer_seats": "import os\nos._exit(1)"}, lose_seats, "kernel stopped"
-        ),  # fmt: skip
+        ),
         "memory_bomb": Student({**RIGHT, "answer_seats": "x = bytearray(8 * 2**30)"}, lose_seats),
         "memory_spread": Student({**RIGHT, "answer_seats": SPREAD}, lose_seats, "512 MiB"),
         "fork_bomb": Student({**RIGHT, "answer_seats": FORK_BOMB}, lose_seats, "processes"),
         # A tight loop starves the kernel's output thread: its output piles up inside the
-        # kernel (within its memory limit) until the cell's time runs out.
+        # kernel until the cell's time runs out or, on a fast machine, the pile outgrows the
+        # kernel's memory first and the cell ends in a MemoryError; either way the output
+        # that did arrive is cut at the cap and the cell's points are lost.
         "output_flood": Student(
             {**RIGHT, "answer_seats": "while True:\n    print('x' * 10_000)"},
             lose_seats,
-            "did not finish within 3 s|bytes of output",
+            "did not finish within 3 s|output truncated",
         ),
-        # Output that streams is counted as it arrives and cut at the limit.
+        # Output that streams is counted as it arrives and cut at the limit; the loop itself
+        # is stopped by the cell's time limit.
         "output_stream": Student(
-            {**RIGHT, "answer_seats": STREAM}, lose_seats, "printed more than 262,144 bytes"
-        ),  # fmt: skip
+            {**RIGHT, "answer_seats": STREAM}, lose_seats, "output truncated&did not finish"
+        ),
+        # An honest answer after 20 MB of printing: the output is cut, the answer counts.
+        "verbose_honest": Student(
+            {**RIGHT, "answer_seats": f"print('x' * {VERBOSE_CHARS})\n{RIGHT['answer_seats']}"},
+            TOTAL,
+            "answer_seats: output truncated",
+        ),
+        # Stored outputs are not graded (nbgrader clears them): a right notebook saved with
+        # a 50 MB printout or a 50 MB figure scores full, flagged; only what is graded
+        # (sources, metadata) counts towards the size cap.
+        "stored_printout": Student(RIGHT, TOTAL, "outputs dropped"),
+        "stored_figure": Student(RIGHT, TOTAL, "outputs dropped"),
+        "huge_sources": Student(RIGHT, 0.0, "larger than 32 MiB without its outputs"),
+        "cut_off_save": Student(RIGHT, 0.0, "not a readable notebook"),
         "giant_print": Student({**RIGHT, "answer_seats": "print('x' * 300_000_000)"}, lose_seats),
         # Sleeps after the seats test: the challenges after it are never reached.
         "slow_notebook": Student(
             RIGHT, POINTS["bytes_per_token"] + POINTS["seats"], "ran past its 20 s limit"
-        ),  # fmt: skip
+        ),
         "edited_test": Student(
             {**RIGHT, "answer_seats": "seats = 1", "seats": "pass"},
             lose_seats,
             "was edited",
             ("seats", "seats = 1 "),
-        ),  # fmt: skip
+        ),
         "deleted_tests": Student(RIGHT, TOTAL, "was deleted: restored"),
         "duplicated_cell": Student(RIGHT, TOTAL, "appeared 2 times"),
         "always_equal": Student(
             {"answer_bytes_per_token": ALWAYS_EQUAL}, 0.0, "", ("seats", "Anything")
-        ),  # fmt: skip
+        ),
         "numeric_subclass": Student(
             {"answer_bytes_per_token": SUBCLASS}, 0.0, "", ("seats", "Sly")
-        ),  # fmt: skip
+        ),
         # A kernel can lie about its values (here repr and type are patched), but never
         # learns the right ones: the grader's own copy of the checks is untouched.
         "monkeypatch": Student(
             {"answer_bytes_per_token": MONKEYPATCH}, 0.0, "", ("seats", "seats")
-        ),  # fmt: skip
+        ),
         "snoop": Student({"answer_bytes_per_token": SNOOP}, 0.0),
         "symlinked_solution": Student(RIGHT, TOTAL, "link or special file"),
         # nbgrader alone fails on a named pipe (and would copy /dev/zero forever through a
@@ -254,6 +273,17 @@ def _notebook(name: str, release: Path) -> Any:
     elif name == "forged_metadata":
         nb.cells[index["answer_seats"]].metadata["nbgrader"].update(grade=True, points=100)
         nb.metadata["kvlib"] = {"flags": []}
+    elif name == "stored_printout":
+        line = "step 1234: loss 0.5678\n"
+        text = line * (STORED_BYTES // len(line))
+        printout = nbformat.v4.new_output("stream", name="stdout", text=text)
+        nb.cells[index["answer_seats"]].outputs = [printout]
+    elif name == "stored_figure":
+        png = base64.b64encode(b"\x89PNG" + bytes(STORED_BYTES * 3 // 4)).decode()
+        figure = nbformat.v4.new_output("display_data", data={"image/png": png})
+        nb.cells[index["answer_seats"]].outputs = [figure]
+    elif name == "huge_sources":
+        nb.cells.append(nbformat.v4.new_markdown_cell("notes " * (6 * 2**20)))  # 36 MiB
     return nb
 
 
@@ -293,6 +323,9 @@ def _grade_class(folder: Path) -> dict[str, Any]:
             (submitted / f"{NOTEBOOK}.ipynb").write_bytes(b"\x00\xff{not json")
             continue
         write(_notebook(name, release), submitted / f"{NOTEBOOK}.ipynb")
+        if name == "cut_off_save":  # the file as a crash mid-save leaves it
+            path = submitted / f"{NOTEBOOK}.ipynb"
+            path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
         if name == "symlinked_solution":
             target = course / "solutions" / ASSIGNMENT / f"{NOTEBOOK}.ipynb"
             (submitted / "answers.txt").symlink_to(target)
@@ -319,8 +352,9 @@ def test_score_and_flags(batch: Batch, name: str) -> None:
     student, row = STUDENTS[name], grades(batch.course)[name]
     assert float(row["score"]) == student.score
     assert float(row["max_score"]) == TOTAL  # forged points change nothing
-    if student.flag:  # one of the phrases separated by "|"
-        assert any(phrase in row["flags"] for phrase in student.flag.split("|")), row["flags"]
+    if student.flag:  # phrases: "a|b" one of them, "a&b" both
+        for phrases in student.flag.split("&"):
+            assert any(p in row["flags"] for p in phrases.split("|")), row["flags"]
     elif name.startswith("honest"):
         assert row["flags"] == ""
     grade_id_, phrase = student.hint

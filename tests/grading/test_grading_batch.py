@@ -70,7 +70,7 @@ def test_same_graded_notebooks(runs: Runs) -> None:
     def view(course: Path, student: str) -> list[Any]:
         nb = read(course / "autograded" / student / ASSIGNMENT / f"{NOTEBOOK}.ipynb")
         return [(c.cell_type, c.source, c.get("outputs"), c.metadata.get("nbgrader"))
-                for c in nb.cells] + [nb.metadata.get("kvlib")]  # fmt: skip
+                for c in nb.cells] + [nb.metadata.get("kvlib")]
 
     for student in grades(runs.serial):
         assert view(runs.parallel, student) == view(runs.serial, student), student
@@ -80,7 +80,7 @@ def test_regrade_skips_graded_work(runs: Runs, capsys: pytest.CaptureFixture[str
     """Run again (as after late submissions): nothing new, nothing regraded, same grades."""
     before = grades(runs.parallel)
     status = make_grade([ASSIGNMENT, "--jobs", "1", "--no-feedback", "--student", "right_1",
-                         "--course", str(runs.parallel)])  # fmt: skip
+                         "--course", str(runs.parallel)])
     assert status == 0 and "right_1: up to date" in capsys.readouterr().out
     assert grades(runs.parallel) == before
 

@@ -35,6 +35,7 @@ RIGHT: dict[str, Callable[[Any], float]] = {
     "prefill_s": lambda n: 2 * n.params_billion * 1e9 * n.prompt_tokens / (n.tflop_per_s * 1e12),
     "conversation_bytes": lambda n: _conversation(n),
     "batch_tokens_per_s": lambda n: _batch(n),
+    "cache_tokens": lambda n: _cache_tokens(n),
 }
 
 
@@ -53,12 +54,22 @@ def _conversation(
 
 
 def _batch(n: Any, *, shared: bool = True, bandwidth: float = 1e12, cache_of: int = 0,
-           weight_bytes: int = 0, kv: bool = True, weights: bool = True) -> float:  # fmt: skip
+           weight_bytes: int = 0, kv: bool = True, weights: bool = True) -> float:
     """The batch's decode bound, ``B x BW / (P b + B T kv)``, with the slips a learner makes."""
     b = weight_bytes or n.bytes_per_weight
     weight_read = (n.params_billion * 1e9 * b if weights else 0) * (1 if shared else n.batch)
     cache_read = (cache_of or n.batch) * n.context_tokens * n.kv_bytes_per_token if kv else 0
     return n.batch * n.tb_per_s * bandwidth / (weight_read + cache_read)
+
+
+def _cache_tokens(n: Any, *, split_weights: bool = True, split_cache: bool = True,
+                  usable: bool = True, mib: int = 2**20, billion: int = 10**9) -> int:
+    """Tokens a tensor-parallel group caches, ``(u M - P b / n) // (kv / n)``, with the
+    slips a learner makes."""
+    params_billion, bytes_per_weight, gpus = n.model
+    budget = int((n.utilization if usable else 1) * n.gpu_mib * mib)
+    weights = params_billion * billion * bytes_per_weight // (gpus if split_weights else 1)
+    return (budget - weights) // (n.kv_bytes_per_token // (gpus if split_cache else 1))
 
 
 def _swapped(n: Any) -> int | None:
@@ -113,6 +124,15 @@ MISTAKES["batch_tokens_per_s"] = [
     (lambda n: _batch(n, bandwidth=2**40), "dec"),
     (lambda n: n.batch / _batch(n), "seconds per step"),
 ]
+MISTAKES["cache_tokens"] = [
+    (lambda n: _cache_tokens(n, split_weights=False), "all of them"),
+    (lambda n: _cache_tokens(n, split_cache=False), "the whole token"),
+    (lambda n: _cache_tokens(n, split_weights=False, split_cache=False), "neither is whole"),
+    (lambda n: _cache_tokens(n, usable=False), "you used all of it"),
+    (lambda n: _cache_tokens(n, mib=10**6), "not 10^6"),
+    (lambda n: _cache_tokens(n, billion=2**30), "not 2^30"),
+    (lambda n: n.model[2] * _cache_tokens(n), "times as many"),
+]
 PHRASES = {"round": "round down", "ms": "milliseconds", "dec": "decimal", "6 F": "6 FLOPs"}
 
 
@@ -164,7 +184,7 @@ def _without_prompt_numbers(message: str, n: Numbers) -> set[str]:
     message = re.sub(r"\d+\^\d+", "", message)
     numbers = {n.replace(",", "").replace("_", "") for n in re.findall(r"[\d][\d,_.]*", message)}
     given = {str(v) for v in n.values()} | {f"{v:,}".replace(",", "") for v in n.values()
-                                            if isinstance(v, int)}  # fmt: skip
+                                            if isinstance(v, int)}
     return {x.rstrip(".") for x in numbers} - given
 
 
@@ -182,7 +202,7 @@ def test_every_draw(challenge: str, monkeypatch: pytest.MonkeyPatch) -> None:
             assert verdict(code, challenge, right) == "", n
             with contextlib.redirect_stdout(io.StringIO()):
                 exec(check, {"plausible": plausible, challenge: right, "KiB": 1024,
-                             "MiB": 2**20})  # fmt: skip
+                             "MiB": 2**20})
             for wrong_of, phrase in MISTAKES[challenge]:
                 wrong = wrong_of(n)
                 if wrong is None:  # the slip gives the right value for these numbers

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -13,7 +14,15 @@ from pathlib import Path
 
 import pytest
 
-from course.limits import LAUNCHER, Limits, launcher_argv, sandbox_usage
+from course.execute import apply_carriage_returns
+from course.limits import (
+    LAUNCHER,
+    STREAM_CHUNK_CHARS,
+    Limits,
+    kernel_argv,
+    launcher_argv,
+    sandbox_usage,
+)
 from course.mounts import system_argv
 from course.sandbox import SandboxedKernelManager
 
@@ -47,10 +56,51 @@ class TestLimits:
         with tempfile.TemporaryDirectory() as tmp:
             out = Path(tmp, "out")
             argv = launcher_argv(Limits(memory_bytes=512 * MiB), [sys.executable, "-c", probe,
-                                                                  str(out)], None)  # fmt: skip
+                                                                  str(out)], None)
             result = subprocess.run(argv, capture_output=True, text=True, timeout=30)
             assert result.returncode == 0 and result.stdout == ""
             assert json.loads(out.read_text()) == [512 * MiB, 1024]
+
+
+def test_kernel_argv_swaps_only_ipykernel_launcher() -> None:
+    argv = kernel_argv(["python", "-m", "ipykernel_launcher", "-f", "k.json"])
+    assert argv[:2] == ["python", "-c"] and argv[3:] == ["-f", "k.json"]
+    compile(argv[2], "<kernel boot>", "exec")  # the boot code parses
+    assert kernel_argv(["julia", "kernel.jl", "k.json"]) == ["julia", "kernel.jl", "k.json"]
+
+
+def test_a_long_print_reaches_the_grader_in_pieces() -> None:
+    """One print of 3 MB: stream messages of at most STREAM_CHUNK_CHARS, all of it there."""
+
+    async def main() -> list[int]:
+        km = SandboxedKernelManager(kernel_name="python3", mode="off")
+        await km.start_kernel(cwd=tempfile.mkdtemp())
+        kc = km.client()
+        kc.start_channels()
+        try:
+            await kc.wait_for_ready(timeout=60)
+            sizes: list[int] = []
+            reply = await kc.execute_interactive(
+                "print('x' * 3_000_000, end='')", timeout=60,
+                output_hook=lambda msg: sizes.append(len(msg["content"].get("text", "")))
+                if msg["msg_type"] == "stream" else None,
+            )
+            assert reply["content"]["status"] == "ok"
+            return sizes
+        finally:
+            kc.stop_channels()
+            await km.shutdown_kernel(now=True)
+
+    sizes = asyncio.run(main())
+    assert sum(sizes) == 3_000_000 and max(sizes) <= STREAM_CHUNK_CHARS
+
+
+@pytest.mark.parametrize(
+    "text", ["a\rb\n", "abc\r\n", "x\ry\rz", "12\r34\n56\r\n", "a\r\rb", "x\r\r\n", "plain"]
+)
+def test_carriage_returns_as_nbclient_applies_them(text: str) -> None:
+    """The same rule as nbclient's regex, without its quadratic time on one long line."""
+    assert apply_carriage_returns(text) == re.sub(r".*\r(?=[^\n])", "", text)
 
 
 def _run_kernel(code: str, limits: dict[str, int], wait_s: float = 20) -> tuple[str, bool]:
@@ -116,16 +166,16 @@ def test_unprivileged_sandbox_counts_its_own_processes() -> None:
         "print(n, open('/proc/self/status').read().split('CapEff:')[1].split()[0])"
     )
     spec = {"rlimits": Limits(processes=24).rlimits(), "uid": None,
-            "argv": ["/usr/bin/python3", "-c", bomb]}  # fmt: skip
+            "argv": ["/usr/bin/python3", "-c", bomb]}
     # The launcher's stdout goes to /dev/null: run the bomb's own print through a file.
     script = LAUNCHER.replace("for fd in (0, 1, 2):\n    os.dup2(null, fd)\n", "")
     argv = ["bwrap", *system_argv(unprivileged=True), "--proc", "/proc", "--dev", "/dev",
-            "--", "/usr/bin/python3", "-I", "-S", "-c", script, json.dumps(spec)]  # fmt: skip
+            "--", "/usr/bin/python3", "-I", "-S", "-c", script, json.dumps(spec)]
     setpriv = ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups"]
     out = subprocess.run(setpriv + argv, capture_output=True, text=True, timeout=60)
     forks, caps = out.stdout.split()
     assert 15 <= int(forks) < 24 and caps == "0000000000000000", out.stderr
     nested = subprocess.run(setpriv + ["bwrap", *system_argv(unprivileged=True), "--proc",
                                        "/proc", "--dev", "/dev", "unshare", "-U", "true"],
-                            capture_output=True, timeout=60)  # fmt: skip
+                            capture_output=True, timeout=60)
     assert nested.returncode != 0  # no user namespace inside: no way to gain capabilities

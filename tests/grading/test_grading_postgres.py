@@ -81,7 +81,7 @@ def test_graded_into_postgres(graded: tuple[Path, dict[str, Any]]) -> None:
     rows = grades(course)
     assert {s: float(r["score"]) for s, r in rows.items()} == {
         "ada": TOTAL, "ben": TOTAL - 2, "cy": TOTAL, "dee": 0.0
-    }  # fmt: skip
+    }
     assert "answer_prefill_s appeared 2 times" in rows["cy"]["flags"]
     assert not (course / "gradebook.db").exists()
 
@@ -90,7 +90,7 @@ def test_gradebook_rows_in_the_server(graded: tuple[Path, dict[str, Any]]) -> No
     _, result = graded
     assert [tuple(r) for r in result["flagged"]] == [
         ("ada", False), ("ben", False), ("cy", True), ("dee", False)
-    ]  # fmt: skip
+    ]
     assert result["cells"] == 4 * len(CHALLENGES)  # graded cells, 4 students
 
 

@@ -46,7 +46,7 @@ def clone(target: Path) -> None:
     files = subprocess.run(
         ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
         cwd=ROOT, capture_output=True, check=True,
-    ).stdout.decode().split("\0")  # fmt: skip
+    ).stdout.decode().split("\0")
     for name in filter(None, files):
         source = ROOT / name
         if source.is_file():
@@ -82,20 +82,20 @@ def test_instructor_commands_verbatim(tmp_path: Path) -> None:
     for name, nb in students.items():
         write(nb, course / "submitted" / name / ASSIGNMENT / f"{NOTEBOOK}.ipynb")
     env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": os.environ.get("HOME", "/tmp"),
-           "LANG": "C.UTF-8"}  # fmt: skip
+           "LANG": "C.UTF-8"}
     dry = subprocess.run(["make", "-n", "grade", f"ASSIGNMENT={ASSIGNMENT}"], cwd=course, env=env,
-                         capture_output=True, text=True, check=True)  # fmt: skip
+                         capture_output=True, text=True, check=True)
     assert "pip install" not in dry.stdout  # the linked environment must never be rebuilt
     for command in instructor_commands():
         start = time.monotonic()
         done = subprocess.run(["bash", "-c", command], cwd=course, env=env, capture_output=True,
-                              text=True, timeout=900)  # fmt: skip
+                              text=True, timeout=900)
         assert done.returncode == 0, f"{command}: {done.stdout[-2000:]}{done.stderr[-2000:]}"
         print(f"{command}: {time.monotonic() - start:.1f} s")
     rows = grades(course)
     assert {s: float(r["score"]) for s, r in rows.items()} == {
         "amara": TOTAL, "bo": TOTAL - POINTS["seats"], "chen": TOTAL
-    }  # fmt: skip
+    }
     assert rows["amara"]["flags"] == "" and "answer_seats appeared 2 times" in rows["chen"]["flags"]
     for name in students:
         assert (course / "feedback" / name / ASSIGNMENT / f"{NOTEBOOK}.html").is_file()

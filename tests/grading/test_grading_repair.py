@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import copy
 import json
 import os
@@ -13,7 +14,14 @@ import pytest
 from grading_support import RELEASE, RIGHT, grade_id, read, submission
 from nbgrader.nbgraderformat import MetadataValidator
 
-from course.repair import MAX_NOTEBOOK_BYTES, repair_notebook, set_aside, unsafe_files
+from course.repair import (
+    MAX_FILE_BYTES,
+    MAX_NOTEBOOK_BYTES,
+    OUTPUTS_DROPPED,
+    repair_notebook,
+    set_aside,
+    unsafe_files,
+)
 
 
 @pytest.fixture(scope="module")
@@ -119,7 +127,7 @@ def test_unknown_graded_ids_become_ordinary_cells(release: Any) -> None:
     bonus.metadata["nbgrader"] = {
         "grade": True, "solution": False, "locked": True, "grade_id": "bonus", "points": 50,
         "schema_version": 3,
-    }  # fmt: skip
+    }
     nb.cells.append(bonus)
     fixed, flags = repaired(nb, release)
     assert "nbgrader" not in fixed.cells[-1].metadata
@@ -169,6 +177,81 @@ def test_unreadable_file_graded_as_blank_release(release: Any, data: bytes, phra
     fixed, flags = repair_notebook(data, release)
     assert ids(fixed) == ids(release)
     assert len(flags) == 1 and phrase in flags[0] and "blank released notebook" in flags[0]
+
+
+def _saved_with(output: Any) -> Any:
+    """A right notebook saved with ``output`` stored in its seats answer cell."""
+    nb = submission(RIGHT)
+    nb.cells[ids(nb).index("answer_seats")].outputs = [output]
+    return nb
+
+
+def as_file_bytes(nb: Any) -> bytes:
+    """The file Jupyter would save (without nbformat's validation: slow on 50 MB)."""
+    return json.dumps(nb, indent=1).encode()
+
+
+STORED_BYTES = 50_000_000
+LINE = "step 12: loss 0.5 " * 4 + "\n"
+PRINTOUT = nbformat.v4.new_output(
+    "stream", name="stdout", text=[LINE] * (STORED_BYTES // len(LINE))
+)
+FIGURE = nbformat.v4.new_output(
+    "display_data", data={"image/png": base64.b64encode(bytes(STORED_BYTES * 3 // 4)).decode()}
+)
+
+
+@pytest.mark.parametrize("output", [PRINTOUT, FIGURE], ids=["printout", "figure"])
+def test_stored_outputs_are_dropped_not_graded(
+    release: Any, output: Any, tmp_path: Path
+) -> None:
+    """A 50 MB stored output is not the student's graded work: dropped as the file is read
+    (nbgrader clears outputs before it runs the notebook anyway), and flagged."""
+    path = tmp_path / "kv_cache.ipynb"
+    path.write_bytes(as_file_bytes(_saved_with(output)))
+    assert path.stat().st_size > MAX_NOTEBOOK_BYTES
+    with open(path, "rb") as f:
+        fixed, flags = repair_notebook(f, release)
+    MetadataValidator().validate_nb(fixed)
+    assert [c.source for c in fixed.cells] == [c.source for c in submission(RIGHT).cells]
+    assert all(not c.get("outputs") for c in fixed.cells)
+    assert len(flags) == 1 and flags[0].startswith(OUTPUTS_DROPPED), flags
+
+
+def test_small_stored_outputs_dropped_silently(release: Any) -> None:
+    """Every notebook a student ran has outputs: under the cap, dropping them is no news."""
+    fixed, flags = repaired(_saved_with(nbformat.v4.new_output("stream", text="42\n")), release)
+    assert flags == [] and all(not c.get("outputs") for c in fixed.cells)
+
+
+def test_sources_over_the_cap_are_blanked(release: Any) -> None:
+    nb = submission(RIGHT)
+    nb.cells.append(nbformat.v4.new_markdown_cell("notes " * (MAX_NOTEBOOK_BYTES // 6 + 1)))
+    fixed, flags = repair_notebook(as_file_bytes(nb), release)
+    assert ids(fixed) == ids(release)
+    assert flags == [
+        f"the notebook is larger than {MAX_NOTEBOOK_BYTES // 2**20} MiB without its outputs; "
+        "graded as the blank released notebook"
+    ]
+
+
+def test_a_raw_file_past_the_file_cap_is_not_read(release: Any, tmp_path: Path) -> None:
+    """A sparse file one byte over the cap: refused from its size, before any byte is read."""
+    path = tmp_path / "kv_cache.ipynb"
+    with open(path, "wb") as f:
+        f.truncate(MAX_FILE_BYTES + 1)
+    with open(path, "rb") as f:
+        fixed, flags = repair_notebook(f, release)
+        assert f.tell() == 0
+    assert ids(fixed) == ids(release)
+    assert len(flags) == 1 and "over the 1 GiB any notebook fits in: not read" in flags[0]
+
+
+def test_a_file_cut_off_mid_save_is_graded_blank(release: Any) -> None:
+    data = as_file_bytes(_saved_with(FIGURE))
+    fixed, flags = repair_notebook(data[: len(data) // 3], release)
+    assert ids(fixed) == ids(release)
+    assert len(flags) == 1 and "not a readable notebook" in flags[0]
 
 
 def test_flags_in_the_file_are_ignored(release: Any) -> None:

@@ -95,7 +95,7 @@ def probes(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
             nb, timeout=60, kernel_name="python3", allow_errors=True, config=config,
             kernel_manager_class=SandboxedKernelManager,
             resources={"metadata": {"path": str(work)}},
-        )  # fmt: skip
+        )
         client.execute()
     finally:
         os.environ.clear()
@@ -140,7 +140,7 @@ def test_course_home_and_sockets_absent(probes: dict[str, Any]) -> None:
     # (wherever the course was cloned: /work here, elsewhere on another machine).
     tops = {Path(p).resolve().parts[1] for p in (sys.prefix, sys.base_prefix, sys.executable)}
     assert set(files["root"]) <= {"bin", "dev", "etc", "lib", "lib32", "lib64", "libx32", "proc",
-                                  "root", "sbin", "tmp", "usr", "home", "opt"} | tops  # fmt: skip
+                                  "root", "sbin", "tmp", "usr", "home", "opt"} | tops
 
 
 def test_notebook_folder_holds_only_assignment_files(probes: dict[str, Any]) -> None:
@@ -211,7 +211,7 @@ class TestModes:
 def test_kernel_uid_is_unique_per_grading_process() -> None:
     code = "from course.limits import kernel_uid; print(kernel_uid())"
     uids = {subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                           check=True).stdout for _ in range(2)}  # fmt: skip
+                           check=True).stdout for _ in range(2)}
     if os.geteuid() == 0:
         assert len(uids) == 2 and kernel_uid() is not None
     else:

@@ -175,14 +175,14 @@ def test_make_lab_is_offline(tmp_path: Path) -> None:
     dry = subprocess.run(
         ["make", "-n", "--no-print-directory", "-o", ".venv/.installed", "lab"],
         cwd=ROOT, env=quiet, capture_output=True, text=True, check=True,
-    )  # fmt: skip
+    )
     command = dry.stdout.replace("\\\n", " ").strip().splitlines()[-1]
     assert command.startswith(".venv/bin/jupyter lab exercises")
     port = _free_port()
     extra = f" --no-browser --port={port} --ServerApp.token=t --ServerApp.root_dir={ROOT}"
     env = dict(os.environ, JUPYTER_CONFIG_DIR=str(tmp_path), JUPYTER_RUNTIME_DIR=str(tmp_path))
     server = subprocess.Popen(shlex.split(command + extra), cwd=ROOT, env=env,
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         page = ""
         for _ in range(120):
@@ -193,7 +193,7 @@ def test_make_lab_is_offline(tmp_path: Path) -> None:
             except OSError:
                 time.sleep(0.5)
         config = json.loads(re.search(r'id="jupyter-config-data"[^>]*>(.*?)</script>', page,
-                                      re.S).group(1))  # fmt: skip
+                                      re.S).group(1))
         assert config["news"] == {"disabled": True}
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/lab/api/update?token=t") as r:
             assert json.loads(r.read())["notification"] is None

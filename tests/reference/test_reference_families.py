@@ -295,7 +295,7 @@ CONFIGS: dict[str, dict[str, Any]] = {
         "vocab_size": refmodels.SMALL_VOCAB,
         "attn_config": {"kv_n_heads": 2, "clip_qkv": 8, "rope_theta": 500000},
         "ffn_config": {"ffn_hidden_size": refmodels.SMALL_MLP, "moe_num_experts": 2,
-                       "moe_top_k": 1},  # fmt: skip
+                       "moe_top_k": 1},
     },
     # google/gemma-3-4b-it's layout: a gemma3 wrapper whose text_config omits the head
     # counts and head_dim (Gemma3TextConfig defaults: 8 heads, 4 KV heads, head_dim 256).

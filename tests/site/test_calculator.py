@@ -120,7 +120,7 @@ class Calculator:
         except PlaywrightTimeout:
             state = self.page.evaluate(f"JSON.stringify({STATE})")
             pytest.fail(f"no result in {WAIT_MS / 1000:.0f} s; page state {state}; "
-                        f"console: {self.console[-10:]}")  # fmt: skip
+                        f"console: {self.console[-10:]}")
         result: str = self.page.evaluate(f"{STATE}.state")
         return result
 
@@ -315,7 +315,7 @@ FORM_CASES = [
     ("sliding-mistral-fp32-weights-do-not-fit",
      {"model": "Mistral-7B-v0.1", "weight_dtype": "fp32", "gpu": "L4"},
      ["Mistral-7B-v0.1", "--weight-dtype", "fp32", "--gpu", "L4"]),
-]  # fmt: skip
+]
 
 
 @pytest.mark.parametrize(
@@ -345,13 +345,13 @@ def test_typing_reruns_and_writes_the_address(calculator: Calculator) -> None:
     assert query == {"model": "Qwen3-8B", "kv_dtype": "fp8", "gpu": "L4", "context": "16384"}
 
 
-# A config.json as Hugging Face publishes it (Llama-style, the course brief's example).
+# A config.json as Hugging Face publishes it (Llama-style, chapter 1's example).
 PASTED = {
     "architectures": ["LlamaForCausalLM"], "model_type": "llama", "torch_dtype": "bfloat16",
     "num_hidden_layers": 40, "num_attention_heads": 40, "num_key_value_heads": 8,
     "head_dim": 128, "hidden_size": 5120, "intermediate_size": 13824, "vocab_size": 32000,
     "max_position_embeddings": 16384,
-}  # fmt: skip
+}
 
 
 def _pasted_cli(text: str, args: list[str], tmp_path: Path) -> tuple[int, Any, str]:
@@ -379,7 +379,7 @@ BAD_FORM_CASES = [
     ("kv-memory-without-unit", {"model": "Qwen3-8B", "kv_memory": "lots"}, None, "kv_memory"),
     ("pasted-malformed-json", {}, '{"model_type": "llama", "num_hidden_layers": 40', "model"),
     ("pasted-unknown-family", {}, '{"model_type": "no-such-family"}', "model"),
-]  # fmt: skip
+]
 
 
 @pytest.mark.parametrize(

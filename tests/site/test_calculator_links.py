@@ -19,8 +19,9 @@ from urllib.parse import parse_qsl
 
 import pytest
 
-from kvlib.bounds import decode_step_bytes, decode_tokens_per_s
-from kvlib.capacity.assessment import Scenario, assess
+from kvlib.bounds import decode_bytes_per_gpu, decode_tokens_per_s
+from kvlib.capacity.assessment import assess
+from kvlib.capacity.examples import document_assistant
 from kvlib.config import load_config
 from kvlib.hardware import get_gpu
 from kvlib.paging.vllm_pool import kv_memory_range, kv_pool
@@ -56,25 +57,22 @@ def _ch2() -> dict[str, Any]:
     low = max(bf16[0], fp8[0])
     pool = kv_pool(qwen, low, max_model_len=32_768, kv_dtype="bf16")
     return {"free_kv_bytes_per_gpu": low, "pool_tokens": pool.pool_tokens,
-            "max_concurrency": pool.max_concurrency}  # fmt: skip
+            "max_concurrency": pool.max_concurrency}
 
 
 def _ch4() -> dict[str, Any]:
     qwen, l4 = load_config("Qwen3-4B"), get_gpu("L4")
     step = weight_bytes(qwen, "bf16") + kv_bytes(qwen, 2_048, "bf16")
     bound = decode_tokens_per_s(step, l4.hbm_bandwidth_bytes_per_s)
-    assert step == decode_step_bytes(qwen, 1, 2_048, "bf16", "bf16")
-    return {"decode_step_bytes": step, "decode_tokens_per_s_bound": bound}
+    assert step == decode_bytes_per_gpu(qwen, 1, 2_048, "bf16", "bf16")
+    return {"decode_bytes_per_gpu": step, "decode_tokens_per_s_bound": bound}
 
 
 def _ch7() -> dict[str, Any]:
-    scenario = Scenario(model=load_config("Llama-3.1-8B"), gpu=get_gpu("H100-SXM"),
-                        prompt_tokens=6_000, output_tokens=500, concurrency=128,
-                        needed_context_tokens=8_192, shared_prefix_tokens=2_000)  # fmt: skip
-    base = assess(scenario)
+    base = assess(document_assistant())
     pool = base.pool
     return {"free_kv_bytes_per_gpu": pool.kv_memory_bytes, "seats": base.guaranteed_seats,
-            "pool_tokens": pool.pool_tokens, "max_concurrency": pool.max_concurrency}  # fmt: skip
+            "pool_tokens": pool.pool_tokens, "max_concurrency": pool.max_concurrency}
 
 
 # What each page's example states, computed as the page computes it.

@@ -213,3 +213,29 @@ def test_main_writes_the_zip_and_fails_clearly(tmp_path: Path) -> None:
     assert "kvcalc.py" in zipfile.ZipFile(out).namelist()
     with pytest.raises(pack_kvlib.PackError, match="already packed"):
         pack_kvlib.pack(tmp_path / "twice.zip", extra=[GLUE, GLUE])
+
+
+def test_write_wheel_is_a_wheel_pip_installs(tmp_path: Path) -> None:
+    # Oracle: pip itself installs the wheel (it checks the name, tags and RECORD), and the
+    # installed module imports; two writes of the same files give the same bytes.
+    package = _package(tmp_path / "src", {"tinypkg/__init__.py": "ANSWER = 42\n",
+                                           "tinypkg/data/x.json": "{}\n"})
+    members = pack_kvlib.package_files(package / "tinypkg")
+    first = pack_kvlib.write_wheel(tmp_path / "a", "tiny-pkg", "1.2.3", dict(members), "t")
+    second = pack_kvlib.write_wheel(tmp_path / "b", "tiny-pkg", "1.2.3", dict(members), "t")
+    assert first.name == "tiny_pkg-1.2.3-py3-none-any.whl"
+    assert first.read_bytes() == second.read_bytes()
+    target = tmp_path / "installed"
+    done = subprocess.run(
+        [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-index",
+         "--target", str(target), str(first)],
+        capture_output=True, text=True, check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    imported = subprocess.run(
+        [sys.executable, "-c", "import tinypkg; print(tinypkg.ANSWER)"],
+        cwd=tmp_path, env={"PYTHONPATH": str(target)}, capture_output=True, text=True,
+        check=False,
+    )
+    assert imported.stdout.strip() == "42", imported.stderr
+    assert (target / "tinypkg" / "data" / "x.json").is_file()

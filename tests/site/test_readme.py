@@ -35,11 +35,11 @@ def _commands(text: str) -> list[str]:
 def test_two_set_up_commands_and_ci_runs_the_test_one() -> None:
     assert [c.split("#")[0].strip() for c in _commands(_section("## Set up"))] == [
         "make book", "make test"
-    ]  # fmt: skip
+    ]
     targets = set(re.findall(r"^([a-z-]+):", (ROOT / "Makefile").read_text(), re.M))
     assert {"book", "test"} <= targets
     ci = [line for line in (ROOT / ".ci" / "run").read_text().splitlines()
-          if line and not line.startswith("#")]  # fmt: skip
+          if line and not line.startswith("#")]
     assert ci[-1] == "make test"
 
 
@@ -56,7 +56,7 @@ def test_engineer_command_runs(command: str) -> None:
     if args[0] in SLOW:
         args = [args[0], "--help"]
     done = subprocess.run([sys.executable, "-m", "kvlib", *args], capture_output=True,
-                          text=True, timeout=120, check=False, cwd=ROOT)  # fmt: skip
+                          text=True, timeout=120, check=False, cwd=ROOT)
     assert done.returncode == 0, done.stderr
     if "--json" in args:
         report = json.loads(done.stdout)

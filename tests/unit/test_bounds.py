@@ -18,8 +18,8 @@ from kvlib.weights import params
 
 def test_prefill_and_decode_bounds() -> None:
     # 2 FLOPs per parameter per prompt token: 8e9 params x 1000 tokens at 1e15 FLOP/s.
-    assert bounds.prefill_seconds(8 * 10**9, 1000, 1e15) == pytest.approx(0.016)
-    # The course brief: 4 GB of int4 weights through 1,008 GB/s is 252 tokens/s.
+    assert bounds.prefill_rule_of_thumb_s(8 * 10**9, 1000, 1e15) == pytest.approx(0.016)
+    # Chapter 4's example: 4 GB of int4 weights through 1,008 GB/s is 252 tokens/s.
     assert bounds.decode_tokens_per_s(4 * GB, 1_008 * GB) == pytest.approx(252)
 
 
@@ -79,12 +79,12 @@ def test_decode_step_reads_weights_once_and_every_cache() -> None:
     """Every weight a token is multiplied by, once; the 128,256 x 8,192 input table is only
     looked up (one row a token), so it is not read."""
     cfg = load_config("Llama-3.1-70B")
-    one = bounds.decode_step_bytes(cfg, 1, 8192, tp=4)
+    one = bounds.decode_bytes_per_gpu(cfg, 1, 8192, tp=4)
     weights, kv = params.weight_bytes(cfg), bounds.kv_bytes_per_gpu(cfg, 8192, tp=4)
     table = 2 * 128_256 * 8_192
     assert params.unread_weight_bytes(cfg) == table
     assert one == -(-(weights - table) // 4) + kv
-    assert bounds.decode_step_bytes(cfg, 32, 8192, tp=4) - one == 31 * kv
+    assert bounds.decode_bytes_per_gpu(cfg, 32, 8192, tp=4) - one == 31 * kv
     tied = load_config("Gemma-2-9B")  # its table is also the LM head: read every step
     assert params.unread_weight_bytes(tied) == 0
 
@@ -94,17 +94,17 @@ def test_moe_decode_reads_only_the_experts_it_routes_to() -> None:
     shipped = params.weight_bytes(cfg, None) - params.unread_weight_bytes(cfg, None)
     experts = params.expert_weight_bytes(cfg, None)
     kv = bounds.kv_bytes_per_gpu(cfg, 4096)
-    one = bounds.decode_step_bytes(cfg, 1, 4096, weight_dtype=None)
+    one = bounds.decode_bytes_per_gpu(cfg, 1, 4096, weight_dtype=None)
     # One token reads 4 of the 32 experts of every layer.
     assert one - kv == shipped - experts + -(-experts * 4 // 32)
-    many = bounds.decode_step_bytes(cfg, 256, 4096, weight_dtype=None)
+    many = bounds.decode_bytes_per_gpu(cfg, 256, 4096, weight_dtype=None)
     assert many - 256 * kv == pytest.approx(shipped, rel=1e-3)  # every expert is read
 
 
 @pytest.mark.parametrize(
     ("call", "args", "message"),
     [
-        (bounds.prefill_seconds, (10, 5, 0), "flops_per_s"),
+        (bounds.prefill_rule_of_thumb_s, (10, 5, 0), "flops_per_s"),
         (bounds.decode_tokens_per_s, (0, 1e12), "bytes_read_per_step"),
         (bounds.expected_experts_touched, (8, 2, 0), "tokens"),
         (bounds.valid_tp_degrees, (load_config("GPT-2"), 0), "max_tp"),
@@ -193,7 +193,7 @@ def test_prefill_flops_match_torchs_count_of_the_full_size_model(model: str) -> 
     ("model", "window"),
     [("Mixtral-8x7B", None), ("gpt-oss-20b", 8), ("DeepSeek-V3", None),
      ("Mistral-7B-v0.1", 8), ("Gemma-2-9B", 8)],
-)  # fmt: skip
+)
 def test_prefill_flops_of_experts_windows_and_mla_match_torch(
     model: str, window: int | None
 ) -> None:
@@ -267,14 +267,14 @@ def test_prefill_time_is_memory_bound_short_and_compute_bound_long() -> None:
     crossover = bounds.compute_bound_tokens(gpu.ridge_flops_per_byte)
     short, long = int(crossover / 2), int(crossover * 2)
     weights = params.weight_bytes(cfg) - params.unread_weight_bytes(cfg)  # no lookup table
-    assert bounds.prefill_time_s(cfg, short, peak, bandwidth) == pytest.approx(
+    assert bounds.prefill_lower_bound_s(cfg, short, peak, bandwidth) == pytest.approx(
         (weights + sizing.kv_bytes(cfg, short)) / bandwidth
     )
-    assert bounds.prefill_time_s(cfg, long, peak, bandwidth) == pytest.approx(
+    assert bounds.prefill_lower_bound_s(cfg, long, peak, bandwidth) == pytest.approx(
         bounds.prefill_flops(cfg, long).total / peak
     )
     # Split over tensor-parallel GPUs, each does a quarter of the FLOPs.
-    assert bounds.prefill_time_s(cfg, 8192, peak, bandwidth, tp=4) == pytest.approx(
+    assert bounds.prefill_lower_bound_s(cfg, 8192, peak, bandwidth, tp=4) == pytest.approx(
         bounds.prefill_flops(cfg, 8192).total / 4 / peak
     )
 
@@ -283,7 +283,7 @@ def test_prefill_time_is_memory_bound_short_and_compute_bound_long() -> None:
     ("kwargs", "message"),
     [({"prompt_tokens": 0}, "prompt_tokens"), ({"prompt_tokens": 4, "logits_tokens": 5},
      "logits_tokens")],
-)  # fmt: skip
+)
 def test_prefill_flops_reject_bad_counts(kwargs: dict[str, int], message: str) -> None:
     with pytest.raises(ValueError, match=message):
         bounds.prefill_flops(load_config("GPT-2"), **kwargs)

@@ -6,6 +6,7 @@ prefill FLOPs, and kvlib.mla's absorbed-path FLOPs."""
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
 from itertools import count
 
@@ -13,20 +14,22 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvlib.bounds import decode_step_bytes, kv_bytes_per_gpu, matmul_params, prefill_flops
+from kvlib.bounds import decode_bytes_per_gpu, kv_bytes_per_gpu, matmul_params, prefill_flops
 from kvlib.capacity.assessment import (
-    Scenario,
-    ScenarioError,
     assess,
+    cascade_attention_applies,
+    compute_share,
     decode_flops_per_token,
     held_blocks,
     prefill_compute_share,
     seats_with_shared_prefix,
 )
+from kvlib.capacity.scenario import Scenario, ScenarioError
 from kvlib.config import load_config
 from kvlib.hardware import get_gpu
 from kvlib.mla import MLAShape, mla_step_cost
-from kvlib.paging.table import OutOfBlocksError, PagedKVCache
+from kvlib.paging.block_pool import OutOfBlocksError
+from kvlib.paging.table import PagedKVCache
 from kvlib.paging.vllm_pool import blocks_per_sequence, kv_cache_groups, kv_pool
 from kvlib.sizing import seats_for_context
 from kvlib.units import GiB
@@ -49,13 +52,14 @@ def rag(**changes: object) -> Scenario:
         needed_context_tokens=8_192,
         shared_prefix_tokens=2_000,
     )
-    return dataclasses.replace(base, **changes)  # type: ignore[arg-type]  # fmt: skip
+    return dataclasses.replace(base, **changes)  # type: ignore[arg-type]
 
 
 def kv_memory(s: Scenario) -> int:
-    """``int(u x M) - W / tp - runtime``, from the GPU row and the weights directly."""
+    """``ceil(u x M_CUDA) - W / tp - runtime``, from the GPU row and the weights directly."""
     weights = -(-weight_bytes(s.model, s.weight_dtype) // s.tp)
-    return int(s.gpu.memory_bytes * s.gpu_memory_utilization) - weights - s.runtime_bytes_per_gpu
+    budget = math.ceil(s.gpu.vllm_total_bytes * s.gpu_memory_utilization)  # vLLM: CUDA's total
+    return budget - weights - s.runtime_bytes_per_gpu
 
 
 def vllm_page(raw_layers: int, kv_heads: int, head_dim: int, dtype: str, tp: int = 1) -> int:
@@ -76,7 +80,7 @@ def test_seats_are_vllms_blocks_and_sizings_bytes(kv_dtype: str, max_model_len: 
     # (the context is a whole number of blocks, so both roundings agree).
     assert cap.guaranteed_seats == blocks // (max_model_len // 16)
     assert cap.guaranteed_seats == int(kv_pool(LLAMA8, memory, max_model_len=max_model_len,
-                                               kv_dtype=kv_dtype).max_concurrency)  # fmt: skip
+                                               kv_dtype=kv_dtype).max_concurrency)
     assert cap.guaranteed_seats == seats_for_context(LLAMA8, memory, max_model_len, kv_dtype)
     # Traffic seats: 6,500 tokens hold cdiv(6500, 16) = 407 blocks each.
     assert cap.seats == blocks // 407
@@ -184,17 +188,19 @@ def test_sliding_layers_hold_their_window_in_whole_blocks(name: str, tokens: int
 def test_decode_speed_is_the_roofline_of_kvlib_deploys_step() -> None:
     cap = assess(rag())
     s = cap.scenario
-    step = decode_step_bytes(LLAMA8, cap.batch, 6_250, "bf16", None, 1)
+    step = decode_bytes_per_gpu(LLAMA8, cap.batch, 6_250, "bf16", None, 1)
     assert cap.step_bytes_per_gpu == step
     assert cap.limited_by == "KV cache" and cap.batch == cap.seats < s.concurrency
     assert cap.compute_utilization is not None and cap.compute_utilization < 0.2
-    assert cap.tokens_per_s_per_sequence == pytest.approx(H100.hbm_bandwidth_bytes_per_s / step)
-    assert cap.tokens_per_s == pytest.approx(cap.batch * H100.hbm_bandwidth_bytes_per_s / step)
+    assert cap.step_s == pytest.approx(step / H100.hbm_bandwidth_bytes_per_s)
+    assert cap.decode_tokens_per_s == pytest.approx(
+        cap.batch * H100.hbm_bandwidth_bytes_per_s / step
+    )
 
 
 def test_a_large_batch_of_short_sequences_is_compute_bound() -> None:
     s = Scenario(model=LLAMA8, gpu=H100, prompt_tokens=16, output_tokens=16,
-                 concurrency=4_000, needed_context_tokens=32, max_num_seqs=4_000)  # fmt: skip
+                 concurrency=4_000, needed_context_tokens=32, max_num_seqs=4_000)
     cap = assess(s)
     assert cap.compute_utilization == 1.0
     flops = decode_flops_per_token(LLAMA8, s.decode_context_tokens)
@@ -254,7 +260,7 @@ def test_mla_decode_attention_is_the_absorbed_path() -> None:
 def test_a_pool_smaller_than_one_full_context_does_not_start() -> None:
     # 70B at tp=2 keeps about 4 GiB a GPU for the cache: one 131,072-token request needs 20.
     s = Scenario(model=LLAMA70, gpu=H100, prompt_tokens=2_000, output_tokens=200,
-                 concurrency=16, needed_context_tokens=4_096, tp=2)  # fmt: skip
+                 concurrency=16, needed_context_tokens=4_096, tp=2)
     cap = assess(s)
     assert not cap.starts and cap.guaranteed_seats == 0 and cap.seats > 0
     assert assess(dataclasses.replace(s, max_model_len=4_096)).starts
@@ -289,7 +295,7 @@ def test_bad_scenarios_say_which_field_and_what_to_do(
 def test_a_config_without_a_position_limit_needs_max_model_len() -> None:
     unknown = dataclasses.replace(load_config("Falcon-7B"), max_position_embeddings=None)
     s = Scenario(model=unknown, gpu=H100, prompt_tokens=1_000, output_tokens=100,
-                 concurrency=8, needed_context_tokens=2_048)  # fmt: skip
+                 concurrency=8, needed_context_tokens=2_048)
     with pytest.raises(ScenarioError, match="set max_model_len"):
         assess(s)
     assert assess(dataclasses.replace(s, max_model_len=2_048)).guaranteed_seats > 0
@@ -298,10 +304,65 @@ def test_a_config_without_a_position_limit_needs_max_model_len() -> None:
 def test_replicas_multiply_seats_and_split_the_traffic() -> None:
     one, two = assess(rag()), assess(rag(replicas=2))
     assert two.total_seats == 2 * one.seats and two.scenario.gpus == 2
-    assert two.batch == 64 and two.tokens_per_s == pytest.approx(2 * 64 / two.step_s)
+    assert two.batch == 64 and two.decode_tokens_per_s == pytest.approx(2 * 64 / two.step_s)
+    assert two.compute_tokens_per_s == pytest.approx(2 * (one.compute_tokens_per_s or 0))
     assert two.pool == one.pool  # each replica's pool is the same
 
 
 def test_runtime_reserve_is_taken_from_the_pool() -> None:
     less = assess(rag(runtime_bytes_per_gpu=6 * GiB))
     assert assess(rag()).pool.kv_memory_bytes - less.pool.kv_memory_bytes == 4 * GiB
+
+
+@pytest.mark.parametrize("mfu", [0.3, 0.6, 1.0])
+@pytest.mark.parametrize("prefix_caching", [False, True])
+def test_joint_bound_is_the_lower_of_decode_and_the_arithmetic(
+    mfu: float, prefix_caching: bool
+) -> None:
+    """min(decode bound, O x mfu x F_peak / (prefill FLOPs + O x F_tok)), the FLOPs summed
+    token by token: prefilling token t costs decoding at context t, less its LM head."""
+    cap = assess(rag(mfu=mfu, prefix_caching=prefix_caching))
+    s = cap.scenario
+    first = cap.shared_blocks * 16
+    _, head = matmul_params(LLAMA8)
+    prefill = sum(decode_flops_per_token(LLAMA8, t) or 0 for t in range(first, s.prompt_tokens))
+    prefill -= 2 * head * (s.prompt_tokens - first - 1)
+    decode = s.output_tokens * (decode_flops_per_token(LLAMA8, s.decode_context_tokens) or 0)
+    compute = s.output_tokens * mfu * H100.bf16_dense_flops_per_s / (prefill + decode)
+    assert cap.compute_tokens_per_s == pytest.approx(compute, rel=1e-12)
+    assert cap.tokens_per_s == pytest.approx(min(compute, cap.decode_tokens_per_s))
+    assert cap.bound_by == ("compute" if compute < cap.decode_tokens_per_s else "memory")
+    assert cap.tokens_per_s_per_sequence == pytest.approx(cap.tokens_per_s / cap.batch)
+    assert (compute_share(cap) or 0) <= 1 + 1e-12
+
+
+def test_a_bad_mfu_names_the_field() -> None:
+    with pytest.raises(ValueError, match="mfu"):
+        assess(rag(mfu=1.5))
+
+
+@pytest.mark.parametrize(
+    ("prefix", "requests", "heads", "kv_heads", "windowed", "all_decode", "expected"),
+    [
+        (2_000, 128, 32, 8, False, True, True),  # the chapter's scenario: one wave vs 125
+        (255, 128, 32, 8, False, True, False),  # prefix under 256 tokens
+        (2_000, 7, 32, 8, False, True, False),  # fewer than 8 requests
+        (2_000, 128, 32, 8, True, True, False),  # sliding windows
+        (2_000, 8, 32, 32, False, True, True),  # no grouped queries: no FlashDecoding
+        (2_000, 8, 32, 8, False, False, True),  # a prefill in the batch: no FlashDecoding
+        # 8 decoding requests, 128 query heads over 8 KV heads: cascade's 128 CTAs take
+        # one wave on 132 SMs, times 16 prefix tiles = 16; FlashDecoding's 8 x 8 x 16 tiles
+        # = 1,024 CTAs take 8 waves: FlashDecoding wins.
+        (2_000, 8, 128, 8, False, True, False),
+        # FlashDecoding needs fewer waves: 8 x 2 x 1 x 2 tiles = 32 CTAs, 1 wave; cascade
+        # 256 heads x 1 = 256 CTAs, 2 waves x 2 tiles = 4 > 1.
+        (256, 8, 256, 2, False, True, False),
+    ],
+)
+def test_cascade_attention_follows_vllms_heuristic(
+    prefix: int, requests: int, heads: int, kv_heads: int, windowed: bool, all_decode: bool,
+    expected: bool,
+) -> None:
+    found = cascade_attention_applies(prefix, requests, heads, kv_heads, 132,
+                                      windowed=windowed, all_decode=all_decode)
+    assert found is expected

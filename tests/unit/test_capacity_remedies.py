@@ -4,13 +4,27 @@ by cost (the free one first) as a property over bundled models, GPUs and traffic
 from __future__ import annotations
 
 import dataclasses
+import math
 
+import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from kvlib.bounds import decode_step_bytes, kv_bytes_per_gpu
-from kvlib.capacity.assessment import Scenario, ScenarioError
+from kvlib.bounds import decode_bytes_per_gpu, kv_bytes_per_gpu, matmul_params, prefill_flops
+from kvlib.capacity.assessment import (
+    assess,
+    compute_share,
+    decode_flops_per_token,
+    prefill_compute_share,
+)
+from kvlib.capacity.examples import (
+    BundledScenario,
+    bundled_scenarios,
+    document_assistant,
+    retrieval_heavy,
+)
 from kvlib.capacity.remedies import COST_TIERS, RemedyEffect, rank_remedies
+from kvlib.capacity.scenario import Scenario, ScenarioError
 from kvlib.config import bundled_models, load_config
 from kvlib.hardware import get_gpu
 from kvlib.paging.vllm_pool import kv_pool
@@ -31,7 +45,7 @@ def rag(**changes: object) -> Scenario:
         needed_context_tokens=8_192,
         shared_prefix_tokens=2_000,
     )
-    return dataclasses.replace(base, **changes)  # type: ignore[arg-type]  # fmt: skip
+    return dataclasses.replace(base, **changes)  # type: ignore[arg-type]
 
 
 def by_name(scenario: Scenario, alternative: str | None = None) -> dict[str, RemedyEffect]:
@@ -41,7 +55,8 @@ def by_name(scenario: Scenario, alternative: str | None = None) -> dict[str, Rem
 
 def kv_memory(s: Scenario) -> int:
     weights = -(-weight_bytes(s.model, s.weight_dtype) // s.tp)
-    return int(s.gpu.memory_bytes * s.gpu_memory_utilization) - weights - s.runtime_bytes_per_gpu
+    budget = math.ceil(s.gpu.vllm_total_bytes * s.gpu_memory_utilization)  # vLLM: CUDA's total
+    return budget - weights - s.runtime_bytes_per_gpu
 
 
 def test_the_free_remedy_raises_the_guarantee_and_nothing_else() -> None:
@@ -69,8 +84,8 @@ def test_fp8_seats_against_sizing_and_vllms_pool() -> None:
     assert effect.after.pool.pool_tokens == pool.pool_tokens
     assert effect.after.seats >= 2 * effect.before.seats
     # Each step reads half the cache: faster per sequence at the same batch.
-    same = decode_step_bytes(LLAMA8, effect.before.batch, 6_248, "fp8", None)
-    assert same < decode_step_bytes(LLAMA8, effect.before.batch, 6_248, "bf16", None)
+    same = decode_bytes_per_gpu(LLAMA8, effect.before.batch, 6_248, "fp8", None)
+    assert same < decode_bytes_per_gpu(LLAMA8, effect.before.batch, 6_248, "bf16", None)
 
 
 def test_prefix_caching_holds_the_shared_prompt_once() -> None:
@@ -140,22 +155,23 @@ MODELS = [m for m in bundled_models() if m not in ("DeepSeek-V3", "DeepSeek-V2")
     shared=st.floats(0, 1),
     alternative=st.sampled_from([None, "gpt-oss-20b", "Falcon-7B", "Mistral-7B-v0.1"]),
 )
-def test_ranking_is_by_cost_tier_then_seats(
+def test_ranking_is_by_cost_tier_then_tokens_per_s(
     model: str, gpu: str, prompt: int, output: int, concurrency: int, shared: float,
     alternative: str | None,
-) -> None:  # fmt: skip
+) -> None:
     cfg = load_config(model)
     limit = cfg.max_position_embeddings or 2_048
     assume(prompt + output <= limit)
     s = Scenario(model=cfg, gpu=get_gpu(gpu), prompt_tokens=prompt, output_tokens=output,
                  concurrency=concurrency, needed_context_tokens=prompt + output,
-                 shared_prefix_tokens=int(prompt * shared))  # fmt: skip
+                 shared_prefix_tokens=int(prompt * shared))
     try:
         ranking = rank_remedies(s, None if alternative is None else load_config(alternative))
     except ScenarioError:
         return  # the weights do not fit this card, or the baseline holds no sequence
     effects = ranking.remedies
-    keys = [(e.tier, -e.seats_gained, -e.guaranteed_seats_gained) for e in effects]
+    keys = [(e.tier, -e.after.tokens_per_s, -e.seats_gained, -e.guaranteed_seats_gained)
+            for e in effects]
     assert keys == sorted(keys)
     assert all(0 <= e.tier < len(COST_TIERS) for e in effects)
     if s.engine_max_len > s.needed_context_tokens:
@@ -168,3 +184,54 @@ def test_ranking_is_by_cost_tier_then_seats(
             assert e.gpus_ratio == 1  # nothing but the top tiers rents GPUs
     names = [e.name for e in effects] + [name for name, _ in ranking.skipped]
     assert len(names) == len(set(names)) == 6 + (alternative is not None)
+
+
+@pytest.mark.parametrize("bundled", bundled_scenarios(), ids=lambda b: b.name)
+def test_every_bundled_row_is_reachable_at_the_stated_mfu(bundled: BundledScenario) -> None:
+    """Each row's tokens/s leaves the GPUs enough arithmetic, at the scenario's MFU, to
+    prefill the prompts of the requests it finishes and decode their replies: FLOPs
+    counted here from kvlib.bounds.prefill_flops, token by token for the decode."""
+    ranking = rank_remedies(bundled.scenario, bundled.alternative)
+    rows = [ranking.baseline] + [e.after for e in ranking.remedies]
+    for cap in rows:
+        s = cap.scenario
+        cached = cap.shared_blocks * s.block_size
+        prefill = prefill_flops(s.model, s.prompt_tokens).total
+        if cached:
+            skipped = prefill_flops(s.model, cached)
+            prefill -= skipped.weights + skipped.attention
+        body, head = matmul_params(s.model)
+        decode = 2 * (body + head) * s.output_tokens
+        decode += s.output_tokens * (
+            (decode_flops_per_token(s.model, s.decode_context_tokens) or 0) - 2 * (body + head)
+        )
+        requests_per_s = cap.tokens_per_s / s.output_tokens
+        available = s.mfu * s.gpus * s.gpu.bf16_dense_flops_per_s
+        assert requests_per_s * prefill / available <= 1 + 1e-9, s
+        assert requests_per_s * (prefill + decode) / available <= 1 + 1e-9, s
+        assert prefill_compute_share(cap) <= s.mfu + 1e-9
+        assert cap.tokens_per_s <= cap.decode_tokens_per_s
+
+
+def test_the_bundled_scenarios_show_both_regimes() -> None:
+    kv_bound = assess(document_assistant())
+    assert kv_bound.limited_by == "KV cache" and kv_bound.bound_by == "memory"
+    assert (compute_share(kv_bound) or 1) < 1
+    prefill_bound = assess(retrieval_heavy())
+    assert prefill_bound.limited_by == "KV cache" and prefill_bound.bound_by == "compute"
+    assert compute_share(prefill_bound) == pytest.approx(1.0)
+    # In the compute regime more seats buy no tokens/s; in the memory regime they do.
+    fp8 = by_name(retrieval_heavy())["fp8 KV cache"]
+    assert fp8.seats_gained > 0 and fp8.tokens_per_s_gained == pytest.approx(0.0, abs=1e-6)
+    assert by_name(document_assistant())["fp8 KV cache"].tokens_per_s_gained > 0
+
+
+def test_a_compute_bound_row_is_ranked_below_a_faster_one_of_its_tier() -> None:
+    """The joint bound re-ranks: in the document assistant, fp8 alone reaches the
+    arithmetic's limit, and stays first of its tier only while nothing in it is faster."""
+    effects = [e for e in rank_remedies(document_assistant()).remedies if e.tier == 1]
+    rates = [e.after.tokens_per_s for e in effects]
+    assert rates == sorted(rates, reverse=True)
+    fp8 = next(e for e in effects if e.name == "fp8 KV cache")
+    assert fp8.after.bound_by == "compute"
+    assert fp8.after.tokens_per_s < fp8.after.decode_tokens_per_s

@@ -31,7 +31,7 @@ def test_a_step_is_kv_bound_when_full_with_a_queue_and_free_slots() -> None:
         Step(40, 3, 4),  # a queue with room in the pool: not the pool's doing
         Step(100, 3, 0),  # full but nobody waits
     ]
-    found = diagnose_steps(steps, num_blocks=100, max_batch_size=8)
+    found = diagnose_steps(steps, num_blocks=100, max_num_seqs=8)
     assert found.kv_bound_steps == 2 and found.kv_bound_share == pytest.approx(0.4)
     assert found.preemptions == 1 and found.peak_waiting == 4
     assert found.peak_usage == 1.0 and found.mean_usage == pytest.approx(435 / 500)
@@ -40,9 +40,9 @@ def test_a_step_is_kv_bound_when_full_with_a_queue_and_free_slots() -> None:
 
 def test_records_from_another_pool_are_refused() -> None:
     with pytest.raises(ValueError, match="pass the pool the records came from"):
-        diagnose_steps([Step(120, 1, 0)], num_blocks=100, max_batch_size=8)
+        diagnose_steps([Step(120, 1, 0)], num_blocks=100, max_num_seqs=8)
     with pytest.raises(ValueError, match="full_fraction"):
-        diagnose_steps([], num_blocks=100, max_batch_size=8, full_fraction=0)
+        diagnose_steps([], num_blocks=100, max_num_seqs=8, full_fraction=0)
     assert diagnose_steps([], 10, 2).kv_bound_share == 0.0
 
 
@@ -56,16 +56,16 @@ def one_thread() -> Iterator[None]:
 
 def test_the_engine_shows_the_signature_only_when_its_pool_is_small() -> None:
     model = TinyDecoder(load_config(tiny_config(layers=1, hidden=64, heads=2, kv_heads=1,
-                                                max_positions=256)), seed=0)  # fmt: skip
+                                                max_positions=256)), seed=0)
     rng = random.Random(3)
     requests = [Request(f"r{i}", [rng.randrange(512) for _ in range(rng.randint(8, 24))],
-                        rng.randint(20, 40)) for i in range(12)]  # fmt: skip
-    small = Engine(model, EngineConfig(num_blocks=12, block_size=8, max_batch_size=6))
+                        rng.randint(20, 40)) for i in range(12)]
+    small = Engine(model, EngineConfig(num_blocks=12, block_size=8, max_num_seqs=6))
     results = small.run(requests)
     tight = diagnose_steps(small.steps, 12, 6)
     assert tight.kv_bound_steps > 0 and tight.peak_usage == 1.0
     assert tight.preemptions == sum(r.preemptions for r in results) > 0
-    roomy = Engine(model, EngineConfig(num_blocks=96, block_size=8, max_batch_size=6))
+    roomy = Engine(model, EngineConfig(num_blocks=96, block_size=8, max_num_seqs=6))
     roomy.run(requests)
     loose = diagnose_steps(roomy.steps, 96, 6)
     assert loose.kv_bound_steps == 0 and loose.preemptions == 0

@@ -54,7 +54,7 @@ def test_copy_table_gives_the_share_of_the_datasheet_and_the_counting() -> None:
 def test_cpu_tables_say_so_and_short_medians_are_flagged() -> None:
     fields = _common(device="cpu", device_name="AMD EPYC (1 torch thread)",
                      clock="perf_counter_ns", datasheet_gpu=None,
-                     datasheet_bandwidth_bytes_per_s=None, resolution_limited=True)  # fmt: skip
+                     datasheet_bandwidth_bytes_per_s=None, resolution_limited=True)
     rows = _rows(render(CopyReport(**fields, bytes_copied=2**30, bytes_counted=COPY_COUNTING)))
     assert "a CPU measurement" in rows["note"]
     assert "under 100 clock ticks" in rows["warning"]
@@ -68,7 +68,7 @@ def test_matmul_table_compares_with_the_dense_peak_only() -> None:
         flops=flops, flops_per_s=flops / 2e-3, arithmetic_intensity_flops_per_byte=2730.7,
         datasheet_flops_per_s=H100.bf16_dense_flops_per_s, m=8192, n=8192, k=8192,
         dtype="bf16",
-    )  # fmt: skip
+    )
     rows = _rows(render(report))
     share = flops / 2e-3 / H100.bf16_dense_flops_per_s
     assert f"({share:.0%} of the H100-SXM datasheet's dense bf16" in rows["compute"]

@@ -10,7 +10,8 @@ import sys
 import pytest
 
 from kvlib.cli import main
-from kvlib.commands.queue import QueueReport, queue_report, render
+from kvlib.commands.queue import queue_report, render
+from kvlib.serving.erlang import QueueStats
 
 
 def run_json(capsys: pytest.CaptureFixture[str], *args: str) -> dict[str, float]:
@@ -22,7 +23,7 @@ def run_json(capsys: pytest.CaptureFixture[str], *args: str) -> dict[str, float]
 def test_json_is_the_mm1_textbook_answer(capsys: pytest.CaptureFixture[str]) -> None:
     """One server at utilization 0.8, 0.5 s service: wait = rho S / (1 - rho) = 2 s."""
     report = run_json(capsys, "--arrivals-per-s", "1.6", "--service-s", "0.5")
-    assert set(report) == {f.name for f in QueueReport.__dataclass_fields__.values()}
+    assert set(report) == {f.name for f in QueueStats.__dataclass_fields__.values()}
     assert report["servers"] == 1
     assert report["utilization"] == pytest.approx(0.8)
     assert report["p_wait"] == pytest.approx(0.8)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import subprocess
 import sys
 from pathlib import Path
@@ -13,7 +14,7 @@ import pytest
 
 from kvlib import bounds, sizing
 from kvlib.cli import main
-from kvlib.commands.size import SizeReport
+from kvlib.commands.size_report import SizeReport
 from kvlib.config import load_config
 from kvlib.hardware import get_gpu
 from kvlib.units import GiB
@@ -42,7 +43,8 @@ def test_seats_on_a_gpu(capsys: pytest.CaptureFixture[str]) -> None:
     cfg = load_config("Llama-3.1-8B")
     h100 = get_gpu("H100-SXM")
     assert report["gpu_memory_bytes"] == h100.memory_bytes == 81_559 * 2**20
-    free = int(h100.memory_bytes * 0.9) - params.weight_bytes(cfg)
+    # vLLM's request_memory: ceil(0.92 x CUDA's total), 79.10 GiB on an H100.
+    free = math.ceil(7_910 * 2**30 // 100 * 0.92) - params.weight_bytes(cfg)
     assert report["free_kv_bytes_per_gpu"] == free
     assert report["seats"] == free // sizing.kv_bytes(cfg, 32768)
     assert report["fits"] is True
@@ -68,11 +70,11 @@ def test_tensor_parallel_deployment(capsys: pytest.CaptureFixture[str]) -> None:
     assert report["min_gpus"] == 2 and report["valid_tp_degrees"] == [1, 2, 4, 8]
 
 
-def test_kv_memory_reproduces_the_brief(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str], brief_config: dict[str, object]
+def test_kv_memory_reproduces_the_worked_example(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], example_config: dict[str, object]
 ) -> None:
     config = tmp_path / "config.json"
-    config.write_text(json.dumps(brief_config))
+    config.write_text(json.dumps(example_config))
     report = run_json(capsys, str(config), "--kv-memory", "9 GiB")
     assert report["kv_bytes_per_token"] == 163_840
     assert report["seats"] == 14
@@ -94,7 +96,7 @@ def test_unknown_parameter_layout_is_null_with_a_reason(
              "num_attention_heads": 32, "num_key_value_heads": 8, "vocab_size": 256000,
              "sliding_window": 4096}
         )
-    )  # fmt: skip
+    )
     report = run_json(capsys, str(config), "--gpu", "H100-SXM")
     assert report["param_count"] is None and "cohere2" in report["param_count_note"]
     assert report["weight_bytes"] is None and report["seats"] is None
@@ -105,9 +107,9 @@ def test_unknown_parameter_layout_is_null_with_a_reason(
 
 def test_v32_fp8_layout_is_stated(capsys: pytest.CaptureFixture[str]) -> None:
     raw = json.loads(Path(sizing.__file__).parent.joinpath(
-        "data/configs/DeepSeek-V3.json").read_text())  # fmt: skip
+        "data/configs/DeepSeek-V3.json").read_text())
     v32 = {**raw, "model_type": "deepseek_v32", "index_head_dim": 128, "index_n_heads": 64,
-           "index_topk": 2048}  # fmt: skip
+           "index_topk": 2048}
     cfg = load_config(v32)
     assert sizing.kv_bytes_per_token(cfg, "fp8") == 61 * (656 + 132)
     assert any("656" in n for n in cfg.layers[0].layout_note("fp8").split("\n"))  # type: ignore[union-attr]
@@ -187,7 +189,7 @@ def test_linear_attention_pool_is_not_modelled_and_says_so(
              "linear_num_value_heads": 4, "num_experts": 4, "num_experts_per_tok": 2,
              "moe_intermediate_size": 64}
         )
-    )  # fmt: skip
+    )
     report = run_json(capsys, str(config), "--kv-memory", "1 GiB")
     assert report["page_bytes"] is None and report["seats"] is not None
     assert any("linear attention" in note for note in report["notes"])

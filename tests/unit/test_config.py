@@ -277,9 +277,9 @@ def test_bundled_transformers_defaults_are_current() -> None:
 def test_one_family_table_for_wrapper_names() -> None:
     """A flat config naming the wrapper family gets the text model's rules and defaults."""
     flat = load_config({"model_type": "gemma3", "hidden_size": 2560, "num_hidden_layers": 12,
-                        "sliding_window": 1024})  # fmt: skip
+                        "sliding_window": 1024})
     nested = load_config({"model_type": "gemma3", "text_config": {
-        "hidden_size": 2560, "num_hidden_layers": 12, "sliding_window": 1024}})  # fmt: skip
+        "hidden_size": 2560, "num_hidden_layers": 12, "sliding_window": 1024}})
     assert flat.model_type == nested.model_type == "gemma3_text"
     assert flat.layers == nested.layers
     assert (flat.num_attention_heads, flat.num_key_value_heads, flat.head_dim) == (8, 4, 256)
@@ -294,10 +294,10 @@ def test_moe_is_a_typed_sub_config() -> None:
     assert load_config("Llama-3.1-8B").moe is None
     qwen = load_config({**LLAMA_8B, "model_type": "qwen3_moe", "num_experts": 8,
                         "num_experts_per_tok": 2, "moe_intermediate_size": 64,
-                        "decoder_sparse_step": 2, "mlp_only_layers": [3]})  # fmt: skip
+                        "decoder_sparse_step": 2, "mlp_only_layers": [3]})
     assert qwen.moe is not None
     assert [qwen.moe.is_moe_layer(i) for i in range(6)] == [False, True, False, False,
-                                                             False, True]  # fmt: skip
+                                                             False, True]
 
 
 def test_quantization_config_is_read() -> None:
@@ -331,7 +331,7 @@ def test_vision_tower_is_read() -> None:
     cfg = load_config({"model_type": "gemma3", "text_config": {"hidden_size": 256,
         "num_hidden_layers": 2, "sliding_window": 16},
         "vision_config": {"model_type": "siglip_vision_model", "hidden_size": 64,
-                          "vision_use_head": False}})  # fmt: skip
+                          "vision_use_head": False}})
     assert cfg.vision is not None and cfg.vision.model_type == "siglip_vision_model"
     assert not cfg.vision.vision_use_head and load_config("Llama-3.1-8B").vision is None
 

@@ -45,7 +45,7 @@ BERT_BASE = {
     "vocab_size": 30522,
 }
 LLAMA = {"model_type": "llama", "num_hidden_layers": 2, "num_attention_heads": 4,
-         "num_key_value_heads": 2, "hidden_size": 256}  # fmt: skip
+         "num_key_value_heads": 2, "hidden_size": 256}
 
 
 @pytest.mark.parametrize("config", [T5_SMALL, WHISPER_SMALL], ids=["t5", "whisper"])
@@ -63,7 +63,7 @@ def test_a_nested_text_config_that_is_an_encoder_decoder_is_refused() -> None:
     "architectures",
     [["BertForMaskedLM"], ["RobertaForSequenceClassification"], ["LlamaForSequenceClassification"],
      ["DebertaV2ForTokenClassification", "DebertaV2ForQuestionAnswering"]],
-)  # fmt: skip
+)
 def test_models_that_generate_nothing_are_refused(architectures: list[str]) -> None:
     with pytest.raises(ConfigError, match=r"generates no tokens, so it keeps no KV cache"):
         load_config({**BERT_BASE, "architectures": architectures})
@@ -82,7 +82,7 @@ def test_the_cli_says_why_in_one_line(tmp_path: Path) -> None:
     path = tmp_path / "config.json"
     path.write_text(json.dumps(T5_SMALL))
     result = subprocess.run([sys.executable, "-m", "kvlib", "size", str(path)],
-                            capture_output=True, text=True)  # fmt: skip
+                            capture_output=True, text=True)
     assert result.returncode == 2 and result.stdout == ""
     assert result.stderr.count("\n") == 1 and "decoder-only" in result.stderr
 

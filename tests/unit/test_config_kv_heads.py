@@ -109,7 +109,7 @@ def test_mpt_7b_is_multi_head() -> None:
 )
 def test_an_unread_count_is_refused_naming_the_field(extra: dict[str, Any], field: str) -> None:
     config = {"model_type": "custom", "num_hidden_layers": 32, "num_attention_heads": 32,
-              "hidden_size": 4096, **extra}  # fmt: skip
+              "hidden_size": 4096, **extra}
     with pytest.raises(ConfigError, match=rf"field '{field}' \(\d+\).*'num_key_value_heads'"):
         load_config(config)
 
@@ -117,7 +117,7 @@ def test_an_unread_count_is_refused_naming_the_field(extra: dict[str, Any], fiel
 def test_a_count_that_agrees_or_belongs_to_another_tower_is_not_refused() -> None:
     config = {"model_type": "custom", "num_hidden_layers": 2, "num_attention_heads": 8,
               "num_key_value_heads": 2, "hidden_size": 512, "n_kv_heads": 2,
-              "vision_config": {"num_key_value_heads": 16}}  # fmt: skip
+              "vision_config": {"num_key_value_heads": 16}}
     assert load_config(config).num_key_value_heads == 2
 
 
@@ -127,12 +127,12 @@ def test_multi_query_means_one_head_whatever_the_count_says(saved_count: int | N
     ``num_kv_heads: 71`` (FalconConfig's default, the query heads), which FalconAttention
     and vLLM's ``get_total_num_kv_heads`` both ignore: one KV head."""
     falcon_7b = {"model_type": "falcon", "hidden_size": 4544, "num_attention_heads": 71,
-                 "num_hidden_layers": 32, "multi_query": True}  # fmt: skip
+                 "num_hidden_layers": 32, "multi_query": True}
     if saved_count is not None:
         falcon_7b["num_kv_heads"] = saved_count
     assert load_config(falcon_7b).num_key_value_heads == 1
     new_architecture = {**falcon_7b, "new_decoder_architecture": True, "num_kv_heads": 8,
-                        "num_attention_heads": 128, "hidden_size": 8192}  # fmt: skip
+                        "num_attention_heads": 128, "hidden_size": 8192}
     assert load_config(new_architecture).num_key_value_heads == 8
 
 
@@ -141,7 +141,7 @@ def test_multi_query_agrees_with_transformers_falcon_attention() -> None:
     from transformers.models.falcon.modeling_falcon import FalconAttention
 
     hf = FalconConfig(hidden_size=64, num_attention_heads=4, num_kv_heads=4, multi_query=True,
-                      num_hidden_layers=1, vocab_size=16)  # fmt: skip
+                      num_hidden_layers=1, vocab_size=16)
     expected = FalconAttention(hf).num_kv_heads
     fields = {k: v for k, v in hf.to_dict().items() if k != "architectures"}
     assert load_config({**fields, "model_type": "falcon"}).num_key_value_heads == expected == 1

@@ -27,7 +27,7 @@ WINDOW = 16
 def _config(layers: int, full_every: int, shape: tuple[int, int, int, int], window: int) -> dict:
     heads, kv_heads, head_dim, hidden = shape
     return sliding_config(layers=layers, full_every=full_every, kv_heads=kv_heads, heads=heads,
-                          head_dim=head_dim, hidden_size=hidden, window=window)  # fmt: skip
+                          head_dim=head_dim, hidden_size=hidden, window=window)
 
 
 @pytest.mark.parametrize(
@@ -53,7 +53,7 @@ def test_the_prompts_rule() -> None:
     full = config["layer_types"].count("full_attention")
     assert (full, config["layer_types"][5], config["layer_types"][0]) == (
         5, "full_attention", "sliding_attention"
-    )  # fmt: skip
+    )
     per_token = 2 * kv_heads * head_dim * 2
     tokens = 65_536
     expected = full * per_token * tokens + (34 - full) * per_token * 1023
@@ -72,9 +72,9 @@ def test_text_is_the_config() -> None:
     ("field", "value", "message"),
     [("layers", 0, "layers must be a positive int"), ("head_dim", 64.0, "head_dim must be"),
      ("kv_heads", 3, "multiple of kv_heads")],
-)  # fmt: skip
+)
 def test_bad_input_names_the_field(field: str, value: object, message: str) -> None:
     fields = dict(layers=4, full_every=2, kv_heads=2, heads=4, head_dim=64, hidden_size=256,
-                  window=8)  # fmt: skip
+                  window=8)
     with pytest.raises(ValueError, match=message):
         sliding_config(**{**fields, field: value})

@@ -15,9 +15,9 @@ from hypothesis import strategies as st
 
 from kvlib.grading import describe_type_problem, diagnose, expect, plausible, real_value
 
-# The course brief's worked example (serving-topics.txt): 40 layers, 8 KV heads,
+# Chapter 1's worked example: 40 layers, 8 KV heads,
 # 128 dims, 2 bytes -> 163,840 bytes per token. Written out, not from kvlib.
-BRIEF_BYTES = 2 * 40 * 8 * 128 * 2
+EXAMPLE_BYTES = 2 * 40 * 8 * 128 * 2
 
 
 def failure(answer: object, expected: float, **kwargs: object) -> str:
@@ -29,7 +29,7 @@ def failure(answer: object, expected: float, **kwargs: object) -> str:
 
 class TestAccepts:
     def test_exact_int(self) -> None:
-        expect(BRIEF_BYTES, BRIEF_BYTES, rel=0)
+        expect(EXAMPLE_BYTES, EXAMPLE_BYTES, rel=0)
 
     def test_float_within_rel(self) -> None:
         expect(1.005, 1.0, rel=0.01)
@@ -41,7 +41,7 @@ class TestAccepts:
         expect(0.0004, 0.0, abs=1e-3)
 
     def test_integral_float_for_integer_answer(self) -> None:
-        expect(float(BRIEF_BYTES), BRIEF_BYTES, rel=0, integer=True)
+        expect(float(EXAMPLE_BYTES), EXAMPLE_BYTES, rel=0, integer=True)
 
     @pytest.mark.parametrize("kind", [np.int32, np.int64, np.uint64, np.float32, np.float64])
     def test_numpy_scalars(self, kind: type) -> None:
@@ -86,15 +86,15 @@ class TestRefuses:
             (None, "None"),
             (..., "placeholder"),
             (AlwaysEqual(), "AlwaysEqual"),
-            (IntThatEqualsAll(BRIEF_BYTES), "IntThatEqualsAll"),
-            (FloatSubclass(BRIEF_BYTES), "FloatSubclass"),
+            (IntThatEqualsAll(EXAMPLE_BYTES), "IntThatEqualsAll"),
+            (FloatSubclass(EXAMPLE_BYTES), "FloatSubclass"),
             (FakeNumpy(), "numpy.float64"),
-            (Fraction(BRIEF_BYTES), "Fraction"),
-            ([BRIEF_BYTES], "list"),
+            (Fraction(EXAMPLE_BYTES), "Fraction"),
+            ([EXAMPLE_BYTES], "list"),
         ],
     )
     def test_non_numbers(self, answer: object, phrase: str) -> None:
-        message = failure(answer, BRIEF_BYTES, name="bytes_per_token")
+        message = failure(answer, EXAMPLE_BYTES, name="bytes_per_token")
         assert phrase in message
         assert "bytes_per_token" in message
 
@@ -118,39 +118,39 @@ class TestRefuses:
 
 
 class TestGenericMistakes:
-    """Each generic slip, applied to the brief's example, is named."""
+    """Each generic slip, applied to chapter 1's example, is named."""
 
     @pytest.mark.parametrize(
         ("answer", "phrase"),
         [
-            (BRIEF_BYTES // 2, "factor 2 for keys and values"),
-            (BRIEF_BYTES * 2, "twice"),
-            (BRIEF_BYTES * 8, "bits"),
-            (BRIEF_BYTES // 8, "bytes as bits"),
-            (BRIEF_BYTES // 40, "multiply by all 40 layers"),
-            (BRIEF_BYTES * 4, "32 attention (query) heads instead of the 8 KV heads"),
-            (BRIEF_BYTES * 16, "two slips"),
+            (EXAMPLE_BYTES // 2, "factor 2 for keys and values"),
+            (EXAMPLE_BYTES * 2, "twice"),
+            (EXAMPLE_BYTES * 8, "bits"),
+            (EXAMPLE_BYTES // 8, "bytes as bits"),
+            (EXAMPLE_BYTES // 40, "multiply by all 40 layers"),
+            (EXAMPLE_BYTES * 4, "32 attention (query) heads instead of the 8 KV heads"),
+            (EXAMPLE_BYTES * 16, "two slips"),
         ],
     )
     def test_factor(self, answer: int, phrase: str) -> None:
         message = failure(
-            answer, BRIEF_BYTES, rel=0, num_layers=40, num_attention_heads=32, num_kv_heads=8
+            answer, EXAMPLE_BYTES, rel=0, num_layers=40, num_attention_heads=32, num_kv_heads=8
         )
         assert phrase in message
 
     @pytest.mark.parametrize(("power", "unit"), [(1, "KiB"), (2, "MiB"), (3, "GiB")])
     def test_binary_vs_decimal(self, power: int, unit: str) -> None:
-        # 9 GiB read as 9 GB and the reverse (the brief's free memory).
+        # 9 GiB read as 9 GB and the reverse (chapter 1's free memory).
         right = 9 * 1024**power
         assert unit in failure(9 * 1000**power, right, rel=0)
         assert unit in failure(9 * 1024**power * 1.024**power, right, rel=0)
 
     def test_layer_and_head_checks_need_their_numbers(self) -> None:
-        message = failure(BRIEF_BYTES // 40, BRIEF_BYTES, rel=0)
+        message = failure(EXAMPLE_BYTES // 40, EXAMPLE_BYTES, rel=0)
         assert "layers" not in message
 
     def test_unknown_factor_says_direction_only(self) -> None:
-        message = failure(BRIEF_BYTES * 3 + 1, BRIEF_BYTES, rel=0, unit="bytes")
+        message = failure(EXAMPLE_BYTES * 3 + 1, EXAMPLE_BYTES, rel=0, unit="bytes")
         assert "too large" in message
         assert "(in bytes)" in message
 
@@ -174,9 +174,22 @@ class TestSpecificMistakes:
 
     def test_specific_wins_over_generic(self) -> None:
         hint = "you used 16-bit elements; this cache is 8-bit"
-        message = failure(2 * BRIEF_BYTES, BRIEF_BYTES, rel=0, mistakes={hint: 2 * BRIEF_BYTES})
+        wrong = 2 * EXAMPLE_BYTES
+        message = failure(wrong, EXAMPLE_BYTES, rel=0, mistakes={hint: wrong})
         assert hint in message
         assert "twice" not in message
+
+    def test_two_scaling_slips_made_together_are_both_named(self) -> None:
+        """A per-minute rate used per second (x60) and milliseconds for seconds (x1000)."""
+        slips = {"the rate is per minute": 60 * 0.5, "you gave milliseconds": 1000 * 0.5}
+        message = failure(60_000 * 0.5, 0.5, rel=0.01, mistakes=slips)
+        assert message.endswith(
+            "two slips at once: the rate is per minute; and you gave milliseconds"
+        )
+        # One slip alone is named alone, without "or".
+        assert failure(30.0, 0.5, rel=0.01, mistakes=slips).endswith("the rate is per minute")
+        # A value neither slip nor their product explains gets no named slip.
+        assert "two slips" not in failure(7.0, 0.5, rel=0.01, mistakes=slips, generic=False)
 
     def test_mistake_equal_to_right_value_is_ignored(self) -> None:
         # A wrong formula that happens to give the right number must not fail the answer.
@@ -189,13 +202,13 @@ class TestSpecificMistakes:
     def test_slips_giving_the_same_value_are_all_named(self) -> None:
         """Query heads twice the KV heads and 4-byte elements both double the bytes."""
         slips = {
-            "you used the 8 attention heads": 2 * BRIEF_BYTES,
-            "you used 4 bytes per element": 2 * BRIEF_BYTES,
+            "you used the 8 attention heads": 2 * EXAMPLE_BYTES,
+            "you used 4 bytes per element": 2 * EXAMPLE_BYTES,
             "you gave KiB": 160.0,
         }
-        message = failure(2 * BRIEF_BYTES, BRIEF_BYTES, rel=0, mistakes=slips)
+        message = failure(2 * EXAMPLE_BYTES, EXAMPLE_BYTES, rel=0, mistakes=slips)
         assert message.endswith("you used the 8 attention heads; or you used 4 bytes per element")
-        assert diagnose(2 * BRIEF_BYTES, BRIEF_BYTES, slips) == message.split("wrong: ")[1]
+        assert diagnose(2 * EXAMPLE_BYTES, EXAMPLE_BYTES, slips) == message.split("wrong: ")[1]
 
 
 class TestMessagesHideTheAnswer:
@@ -225,7 +238,7 @@ CANDIDATES: list[object] = [
     np.float64(0.96), np.uint8(7), True, np.bool_(False), "98304", None, ..., [98_304],
     Fraction(3, 2), IntThatEqualsAll(98_304), FloatSubclass(98_304), AlwaysEqual(), math.nan,
     math.inf, complex(1, 0),
-]  # fmt: skip
+]
 
 
 class TestPlausibleAgreesWithExpect:
@@ -240,7 +253,7 @@ class TestPlausibleAgreesWithExpect:
             return True
         try:
             expect(answer, value if not integer or value == int(value) else 1, rel=0,
-                   integer=integer)  # fmt: skip
+                   integer=integer)
         except AssertionError:
             return True
         return False

@@ -2,9 +2,18 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
-from kvlib.hardware import GPUS, get_gpu, gpu_from_torch_name, gpu_names
+from kvlib.hardware import (
+    GPUS,
+    VLLM_GPU_MEMORY_UTILIZATION,
+    get_gpu,
+    gpu_from_torch_name,
+    gpu_names,
+    vllm_budget_bytes,
+)
 from kvlib.units import GB, GiB, MiB
 
 
@@ -20,10 +29,28 @@ from kvlib.units import GB, GiB, MiB
         ("NVIDIA L40S", "L40S"),
         ("NVIDIA GeForce RTX 4090", "RTX-4090"),
         ("AMD Instinct MI300X", "MI300X"),
+        ("NVIDIA H100 NVL", "H100-NVL"),
+        ("NVIDIA H200 NVL", "H200-NVL"),
+        ("NVIDIA B200", "B200"),
     ],
 )
 def test_torch_device_names(device_name: str, row: str) -> None:
     assert gpu_from_torch_name(device_name).name == row
+
+
+@pytest.mark.parametrize("device_name", ["NVIDIA GH200 480GB", "NVIDIA GB200", "NVIDIA H1000"])
+def test_a_card_without_its_own_row_is_refused_not_matched_to_a_neighbour(
+    device_name: str,
+) -> None:
+    with pytest.raises(KeyError, match="no spec for device"):
+        gpu_from_torch_name(device_name)
+
+
+def test_nvl_rows_differ_from_the_sxm_rows() -> None:
+    # NVL cards run at a lower power limit: fewer FLOP/s than the SXM parts.
+    assert GPUS["H100-NVL"].bf16_dense_flops_per_s < GPUS["H100-SXM"].bf16_dense_flops_per_s
+    assert GPUS["H200-NVL"].bf16_dense_flops_per_s < GPUS["H200"].bf16_dense_flops_per_s
+    assert GPUS["H100-NVL"].datasheet_memory_gb == 94
 
 
 def test_lookup_ignores_case_and_punctuation() -> None:
@@ -85,5 +112,32 @@ def test_datasheet_figures() -> None:
     assert h100.bf16_dense_flops_per_s == pytest.approx(989.4e12)
     # Roofline ridge: about 295 FLOPs per byte on an H100 SXM.
     assert h100.ridge_flops_per_byte == pytest.approx(295.3, abs=0.1)
-    # The course brief's 24 GB card with a 1008 GB/s bus is an RTX 4090.
+    # A 24 GB card with a 1008 GB/s bus is an RTX 4090.
     assert get_gpu("RTX-4090").hbm_bandwidth_bytes_per_s == 1.008e12
+
+
+@pytest.mark.parametrize(("name", "gib"), [("H100-SXM", 79.10), ("H200", 139.81)])
+def test_cuda_total_sits_below_the_drivers(name: str, gib: float) -> None:
+    """vLLM multiplies CUDA's total (79.10 GiB on an H100, 139.81 on an H200), not nvidia-smi's."""
+    spec = get_gpu(name)
+    assert spec.cuda_total_bytes is not None
+    assert spec.cuda_total_bytes / GiB == pytest.approx(gib, abs=0.005)
+    assert spec.cuda_total_bytes < spec.memory_bytes
+    assert spec.vllm_total_bytes == spec.cuda_total_bytes and spec.vllm_total_label == "CUDA"
+    assert "mem_get_info" in spec.cuda_total_source
+
+
+def test_without_a_cuda_reading_vllm_totals_fall_back_to_the_driver() -> None:
+    l4 = get_gpu("L4")
+    assert l4.cuda_total_bytes is None and "no CUDA reading" in l4.cuda_total_source
+    assert l4.vllm_total_bytes == l4.memory_bytes and l4.vllm_total_label == "driver"
+
+
+def test_vllm_budget_is_the_ceiling_of_total_times_u() -> None:
+    """vllm/v1/worker/utils.py request_memory: ceil(total_memory x gpu_memory_utilization)."""
+    h200 = get_gpu("H200")
+    total = 13_981 * GiB // 100
+    assert vllm_budget_bytes(h200, 0.92) == math.ceil(total * 0.92)
+    assert VLLM_GPU_MEMORY_UTILIZATION == 0.92
+    with pytest.raises(ValueError, match="gpu_memory_utilization"):
+        vllm_budget_bytes(h200, 92)

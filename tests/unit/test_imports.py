@@ -6,6 +6,8 @@
   in ``kvlib.serving.ratelimit``; nbgrader, nbconvert, jupyter_client and dask never
   (they run the course, in the top-level ``course`` package).
 - Imports point down the layers below, and no module imports another's private names.
+- No import cycle among kvlib's and course's modules, counting imports under
+  ``TYPE_CHECKING`` and inside functions.
 - Every module declares ``__all__`` and every name in it exists.
 """
 
@@ -16,6 +18,7 @@ import functools
 import importlib
 import json
 import pkgutil
+import re
 import subprocess
 import sys
 import sysconfig
@@ -166,13 +169,13 @@ PINNED = {
     "kvlib.sizing": [
         "MLALayout", "kv_bytes", "kv_bytes_by_layer", "kv_bytes_per_token",
         "kv_bytes_per_token_dense", "kv_bytes_per_token_per_layer", "layer_specs",
-        "max_context_tokens", "page_bytes", "seats", "seats_for_context", "tokens_held",
+        "max_context_tokens", "summed_page_bytes", "seats", "seats_for_context", "tokens_held",
     ],
     "kvlib.bounds": [
         "PrefillFlops", "attention_pairs", "compute_bound_tokens", "matmul_params",
-        "prefill_attention_flops", "prefill_flops", "prefill_time_s",
-        "decode_step_bytes", "decode_tokens_per_s", "expected_experts_touched",
-        "kv_bytes_per_gpu", "kv_exceeds_weights_at_tokens", "min_gpus", "prefill_seconds",
+        "prefill_attention_flops", "prefill_flops", "prefill_lower_bound_s",
+        "decode_bytes_per_gpu", "decode_tokens_per_s", "expected_experts_touched",
+        "kv_bytes_per_gpu", "kv_exceeds_weights_at_tokens", "min_gpus", "prefill_rule_of_thumb_s",
         "valid_tp_degrees",
     ],
     "kvlib.weights.params": [
@@ -183,16 +186,19 @@ PINNED = {
     "kvlib.specs": [
         "CacheSpec", "ChunkedLocal", "DS_MLA_FP8_BYTES_PER_TOKEN", "DecompressedMLA",
         "FullAttention", "INDEXER_FP8_SCALE_BLOCK", "LinearState", "MLALatent", "SharedKV",
-        "SlidingWindow",
+        "SlidingWindow", "vllm_group_spec",
     ],
     "kvlib.config": [
         "ConfigError", "IndexerConfig", "Layout", "MLAConfig", "MoEConfig", "ModelConfig",
         "QuantizationConfig", "VisionTower", "bundled_config_path", "bundled_models",
         "from_dict", "load_config",
     ],
-    "kvlib.hardware": ["GPUS", "GPUSpec", "get_gpu", "gpu_from_torch_name", "gpu_names"],
+    "kvlib.hardware": [
+        "GPUS", "GPUSpec", "VLLM_GPU_MEMORY_UTILIZATION", "get_gpu", "gpu_from_torch_name",
+        "gpu_names", "vllm_budget_bytes",
+    ],
     "kvlib.units": None,  # constants and formatters: pinned by tests/unit/test_units.py
-}  # fmt: skip
+}
 
 
 @pytest.mark.parametrize("module", sorted(m for m, names in PINNED.items() if names))
@@ -208,3 +214,97 @@ def test_site_packages_are_where_the_probe_looks() -> None:
         str(Path(numpy.__file__)).startswith(p)
         for p in (sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"])
     )
+
+
+def _module_files(package_root: Path) -> dict[str, Path]:
+    """Dotted name -> file for every module of the package at ``package_root``."""
+    found = {}
+    for path in package_root.rglob("*.py"):
+        parts = list(path.relative_to(package_root.parent).with_suffix("").parts)
+        found[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return found
+
+
+def _imported_modules(name: str, path: Path, known: set[str]) -> set[str]:
+    """The known modules ``name`` imports anywhere in its file: at the top, inside a
+    function, or under ``if TYPE_CHECKING:`` (a cycle there still ties the two modules)."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names if alias.name in known}
+        elif isinstance(node, ast.ImportFrom):
+            target = node.module or ""
+            if node.level:  # relative: resolve against the importing module's package
+                package = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
+                base = package[: len(package) - node.level + 1]
+                target = ".".join(base + ([node.module] if node.module else []))
+            for alias in node.names:
+                submodule = f"{target}.{alias.name}"
+                found.add(submodule if submodule in known else target)
+    return (found & known) - {name}
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Groups of modules that import each other, directly or around a loop (the strongly
+    connected components of more than one module, by Tarjan's algorithm)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+
+    def visit(module: str) -> None:
+        index[module] = low[module] = len(index)
+        stack.append(module)
+        for target in sorted(graph[module]):
+            if target not in index:
+                visit(target)
+                low[module] = min(low[module], low[target])
+            elif target in stack:
+                low[module] = min(low[module], index[target])
+        if low[module] == index[module]:
+            component = stack[stack.index(module) :]
+            del stack[stack.index(module) :]
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for module in sorted(graph):
+        if module not in index:
+            visit(module)
+    return found
+
+
+def _import_graph() -> dict[str, set[str]]:
+    files = _module_files(ROOT) | _module_files(ROOT.parent / "course")
+    return {name: _imported_modules(name, path, set(files)) for name, path in files.items()}
+
+
+def test_the_cycle_finder_finds_a_cycle() -> None:
+    assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert _cycles({"a": {"b"}, "b": set()}) == []
+
+
+def test_no_import_cycle_in_kvlib_or_course() -> None:
+    graph = _import_graph()
+    assert "kvlib.commands.size" in graph and "course.selfcheck" in graph
+    assert "kvlib.commands.size_report" in graph["kvlib.commands.size_render"]
+    assert _cycles(graph) == []
+
+
+def _chapter_map() -> list[str]:
+    """The modules ``kvlib``'s docstring maps to chapters: ``kvlib.pkg (a, b)`` names the
+    package and its modules ``a`` and ``b``; a bracket may run onto an indented line."""
+    text = re.sub(r",\s*\n\s+", ", ", kvlib.__doc__ or "")
+    named = []
+    for package, members in re.findall(r"^ {4}(kvlib[\w.]*)(?: \(([\w, ]+)\))?$", text, re.M):
+        named.append(package)
+        named += [f"{package}.{m.strip()}" for m in members.split(",") if m.strip()]
+    return named
+
+
+def test_the_chapter_map_names_every_module_once() -> None:
+    named = _chapter_map()
+    every = {*MODULES, "kvlib.__main__"} - {"kvlib"}
+    assert "kvlib.paging.fragmentation.paged" in named and "kvlib.commands.size_report" in named
+    assert sorted(every - set(named)) == [], "modules missing from kvlib's chapter map"
+    assert sorted(set(named) - every) == [], "kvlib's chapter map names modules that do not exist"
+    assert len(named) == len(set(named)), "a module is mapped to two chapters"

@@ -287,8 +287,10 @@ def test_tp_replicates_the_latent_and_dp_does_not() -> None:
     context = 32_768
     tp = node_seats(v3, gpu, 8, context, weight_dtype="fp8", attention="tp")
     dp = node_seats(v3, gpu, 8, context, weight_dtype="fp8", attention="dp")
-    free_tp = int(gpu.memory_bytes * 0.9) - weight_bytes_per_gpu(v3, 8, "fp8", "tp")
-    free_dp = int(gpu.memory_bytes * 0.9) - weight_bytes_per_gpu(v3, 8, "fp8", "dp")
+    # vLLM's request_memory: ceil(0.92 x CUDA's total), 139.81 GiB on an H200.
+    budget = math.ceil(13_981 * 2**30 // 100 * 0.92)
+    free_tp = budget - weight_bytes_per_gpu(v3, 8, "fp8", "tp")
+    free_dp = budget - weight_bytes_per_gpu(v3, 8, "fp8", "dp")
     # Under TP each GPU holds every sequence's whole latent: the node holds one GPU's worth.
     assert kv_bytes_per_gpu(v3, context, "bf16", 8) == kv_bytes(v3, context, "bf16")
     assert tp == seats(free_tp, kv_bytes(v3, context, "bf16"))
@@ -296,7 +298,7 @@ def test_tp_replicates_the_latent_and_dp_does_not() -> None:
     assert dp > 4 * tp  # more weights per GPU, but 8 GPUs' worth of cache
     # A GQA model's heads do split: its node holds 8 GPUs' worth under TP.
     llama = load_config("Llama-3.1-70B")
-    free = int(gpu.memory_bytes * 0.9) - weight_bytes_per_gpu(llama, 8, "bf16", "tp")
+    free = budget - weight_bytes_per_gpu(llama, 8, "bf16", "tp")
     assert node_seats(llama, gpu, 8, context, attention="tp") == seats(
         free, kv_bytes(llama, context, "bf16") // 8
     )
@@ -408,3 +410,40 @@ def test_every_draw_has_distinct_named_mistakes(
         answer = classic[grade_id if grade_id != "reduction" else "factor"]
         with pytest.raises(AssertionError, match=re.escape(phrase)):
             real_expect(answer, right, **graded.kwargs)
+
+
+def test_prefill_flops_sum_the_decode_steps_of_a_causal_prompt() -> None:
+    """Each prefill term is the sum over query positions of one query's cost."""
+    from kvlib.mla import IndexerShape, MLAShape, latent_read_cost, prefill_attention_flops
+
+    shape = MLAShape(hidden_size=64, num_heads=4, kv_lora_rank=32, qk_rope_head_dim=8,
+                     qk_nope_head_dim=16, v_head_dim=16, q_lora_rank=24)
+    indexer = IndexerShape(num_heads=2, head_dim=16, top_k=5)
+    tokens = 12
+    got = prefill_attention_flops(shape, tokens, indexer)
+    fold = 2 * tokens * shape.kv_b_params
+    per_query = [latent_read_cost(shape, t, 1, indexer, 1) for t in range(1, tokens + 1)]
+    dense = [latent_read_cost(shape, t, 1) for t in range(1, tokens + 1)]
+    assert got.absorbed_sparse == fold + sum(c.attention_flops for c in per_query)
+    assert got.indexer == sum(c.indexer_flops for c in per_query)
+    assert got.absorbed_dense == fold + sum(c.attention_flops for c in dense)
+    naive_pair = 2 * shape.num_heads * (16 + 8 + 16)
+    assert got.naive == fold + naive_pair * tokens * (tokens + 1) // 2
+    # The sparse cap: beyond k tokens, each query adds exactly 2 H k (2 d_c + d_r).
+    longer = prefill_attention_flops(shape, tokens + 1, indexer)
+    cap = 2 * shape.num_heads * indexer.top_k * (2 * 32 + 8)
+    assert longer.absorbed_sparse - got.absorbed_sparse == cap + 2 * shape.kv_b_params
+    assert prefill_attention_flops(shape, tokens).indexer == 0
+
+
+def test_vllm_latent_entry_bytes_and_the_refused_dtype() -> None:
+    from kvlib.mla import vllm_latent_entry_bytes
+
+    v3 = load_config(V3)
+    assert vllm_latent_entry_bytes(v3, "auto") == 2 * 576
+    assert vllm_latent_entry_bytes(v3, "fp8") == 576
+    assert vllm_latent_entry_bytes(v3, "fp8_ds_mla") == 512 + 4 * 4 + 64 * 2
+    with pytest.raises(ValueError, match="no page size"):
+        vllm_latent_entry_bytes(v3, "nvfp4_ds_mla")
+    with pytest.raises(ValueError, match="unknown MLA cache dtype"):
+        vllm_latent_entry_bytes(v3, "int3")

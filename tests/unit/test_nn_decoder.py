@@ -100,10 +100,10 @@ def test_a_batch_equals_its_sequences_alone(model: TinyDecoder) -> None:
 
 
 def test_cache_bytes_are_kvlibs(model: TinyDecoder) -> None:
-    from kvlib.sizing import page_bytes
+    from kvlib.sizing import summed_page_bytes
 
     kv = PagedKV(model.cfg, 10, BLOCK, torch.float64)
-    assert kv.nbytes == 10 * page_bytes(model.cfg, BLOCK, "fp32") * 2  # float64: 8 B
+    assert kv.nbytes == 10 * summed_page_bytes(model.cfg, BLOCK, "fp32") * 2  # float64: 8 B
 
 
 def test_only_full_attention_configs() -> None:

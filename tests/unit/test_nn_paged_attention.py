@@ -60,7 +60,7 @@ def _random_case(
         k = torch.randn(n, kv_heads, dim, generator=gen).to(dtype)  # (T, H_kv, d)
         v = torch.randn(n, kv_heads, dim, generator=gen).to(dtype)
         slots = torch.tensor([table[p // block_size] * block_size + p % block_size
-                              for p in range(n)])  # fmt: skip
+                              for p in range(n)])
         write_to_cache(key_cache, value_cache, slots, k, v)
         keys.append(k)
         values.append(v)
@@ -68,7 +68,7 @@ def _random_case(
     return {
         "query": query, "key_cache": key_cache, "value_cache": value_cache,
         "tables": tables, "lens": lens, "keys": keys, "values": values,
-    }  # fmt: skip
+    }
 
 
 def _sdpa(case: dict[str, object], dtype: torch.dtype | None = None) -> torch.Tensor:
@@ -174,9 +174,9 @@ def test_with_the_block_pool_fork_and_copy_on_write() -> None:
         query, key_cache, value_cache,
         block_tables_tensor([cache.block_table(s) for s in seqs]),
         torch.tensor([len(cache.token_ids(s)) for s in seqs]),
-    )  # fmt: skip
+    )
     case = {"query": query, "keys": [contiguous[s][0] for s in seqs],
-            "values": [contiguous[s][1] for s in seqs]}  # fmt: skip
+            "values": [contiguous[s][1] for s in seqs]}
     torch.testing.assert_close(out, _sdpa(case), **TOLERANCES[torch.float32])
 
 
@@ -189,7 +189,7 @@ def test_block_tables_tensor_pads_ragged_tables() -> None:
     ("change", "match"),
     [("heads", "not a multiple"), ("dim", "head dim"), ("lens", "context_lens"),
      ("zero", "context_lens")],
-)  # fmt: skip
+)
 def test_bad_shapes_are_refused(change: str, match: str) -> None:
     query = torch.zeros(2, 6, 8)
     caches = torch.zeros(4, 4, 4, 8)

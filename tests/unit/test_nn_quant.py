@@ -284,3 +284,39 @@ def test_measure_error_refuses_a_mismatched_original() -> None:
     with pytest.raises(ValueError, match="shape"):
         measure_error(torch.randn(4, 9), q)
     assert check_input(torch.ones(2, dtype=torch.float16)).dtype == torch.float32
+
+
+# --- llama.cpp q4_0 ---------------------------------------------------------------------
+
+
+def _q4_0_by_hand(block: list[float]) -> list[float]:
+    """ggml's quantize_row_q4_0_ref then dequantize_row_q4_0, one block, in plain floats."""
+    m = max(block, key=abs)
+    d = m / -8
+    inv = 1 / d if d else 0.0
+    d16 = float(torch.tensor(d, dtype=torch.float16))
+    return [(min(15, int(v * inv + 8.5)) - 8) * d16 for v in block]
+
+
+def test_q4_0_matches_ggml_reference_block_by_block() -> None:
+    from kvlib.nn.quant_int import quantize_q4_0
+
+    x = torch.randn(3, 64, generator=torch.Generator().manual_seed(2)) * 5
+    q = quantize_q4_0(x)
+    got = q.dequantize()
+    for r in range(3):
+        for b in range(2):
+            block = x[r, 32 * b : 32 * (b + 1)].tolist()
+            expect = torch.tensor(_q4_0_by_hand(block))
+            assert torch.allclose(got[r, 32 * b : 32 * (b + 1)], expect, atol=1e-6)
+    assert q.stored_bytes == 3 * 2 * 18  # 18 bytes per block of 32: 4.5 bits a value
+    # The block's extreme value is exact (code 0 times the fp16 scale, up to fp16 rounding).
+    extreme = x[0, :32][x[0, :32].abs().argmax()]
+    assert float(got[0, :32][x[0, :32].abs().argmax()]) == pytest.approx(float(extreme), rel=1e-3)
+
+
+def test_q4_0_refuses_rows_not_in_whole_blocks() -> None:
+    from kvlib.nn.quant_int import quantize_q4_0
+
+    with pytest.raises(ValueError, match="multiple of 32 columns"):
+        quantize_q4_0(torch.zeros(2, 40))

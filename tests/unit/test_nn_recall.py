@@ -13,6 +13,8 @@ torch = pytest.importorskip("torch")
 from kvlib.nn.quant import measure_error  # noqa: E402
 from kvlib.nn.quant_fp8 import quantize_fp8  # noqa: E402
 from kvlib.nn.recall import (  # noqa: E402
+    VLLM_K_SCALE_CONSTANT,
+    VLLM_V_SCALE_CONSTANT,
     Calibration,
     Head,
     calibrate,
@@ -173,3 +175,46 @@ def test_seeded_and_reproducible() -> None:
 def test_bad_arguments_are_named(call: object, words: str) -> None:
     with pytest.raises(ValueError, match=words):
         call()  # type: ignore[operator]
+
+
+def test_vllm_scale_constants_leave_headroom_above_the_calibration_maximum() -> None:
+    keys, values = torch.full((4, 8), 300.0), torch.full((4, 8), 2.0)
+    llm_compressor = calibrate("llmc", keys, values)
+    vllm = calibrate("vllm", keys, values, k_divisor=VLLM_K_SCALE_CONSTANT,
+                     v_divisor=VLLM_V_SCALE_CONSTANT)
+    assert llm_compressor.k_scale == pytest.approx(300 / 448)
+    assert vllm.k_scale == pytest.approx(300 / 200) and vllm.v_scale == pytest.approx(2 / 100)
+    # A key 2x the calibration maximum saturates under max/448, not under max/200.
+    key = torch.tensor([[600.0]])
+    assert float(llm_compressor.store(key, llm_compressor.k_scale)) == pytest.approx(300.0)
+    assert float(vllm.store(key, vllm.k_scale)) == pytest.approx(600.0, rel=0.07)
+    with pytest.raises(ValueError, match="k_divisor must be positive"):
+        calibrate("bad", keys, values, k_divisor=0)
+
+
+def test_a_query_off_the_massive_channels_breaks_the_saturation_ties() -> None:
+    """At scale 1.0 the needle ties with distractors on the saturated channels; a query that
+    also reads ordinary channels (where the needle stands out, unsaturated) tells them apart."""
+    head = Head()
+    contexts = [1_024, 16_384]
+    bad = [Calibration("scale 1.0", k_scale=1.0, v_scale=1.0)]
+    only = recall_curves(contexts, bad, head=head, haystacks=2, needles=16, seed=3)
+    mixed = recall_curves(contexts, bad, head=head, haystacks=2, needles=16, seed=3,
+                          massive_share=0.5)
+    assert only["scale 1.0"].recall[-1] < 0.5
+    assert mixed["scale 1.0"].recall[-1] > only["scale 1.0"].recall[-1] + 0.3
+    with pytest.raises(ValueError, match="massive_share must be in"):
+        recall_curves(contexts, bad, head=head, massive_share=0.0)
+
+
+def test_a_q4_0_cache_keeps_the_massive_channels_and_loses_their_neighbours() -> None:
+    """q4_0 scales each block of 32 channels by its largest value: in the block that holds
+    a massive channel the ordinary channels round to zero."""
+    head = Head()
+    keys = head.keys(64, torch.Generator().manual_seed(1))
+    stored = Calibration("q4_0", q4_0=True).store(keys, None)
+    assert torch.allclose(stored[:, 0], keys[:, 0], rtol=0.1, atol=head.massive_std / 8)
+    first_block_ordinary = stored[:, head.massive_channels : 32]
+    assert float((first_block_ordinary == 0).float().mean()) > 0.9
+    # The other blocks, with no massive channel, keep their values to a 16th of their range.
+    assert float((stored[:, 32:] - keys[:, 32:]).abs().max()) < 0.6

@@ -11,25 +11,27 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import kvlib.paging.fragmentation as frag
+from kvlib.paging.block_pool import OutOfBlocksError
 from kvlib.paging.fragmentation import (
     ALPACA_LIKE,
     SHAREGPT_LIKE,
     FirstFit,
     LengthDistribution,
-    Request,
+    LengthMix,
+    RequestLengths,
     reservation_tokens,
     sample_requests,
     simulate,
 )
-from kvlib.paging.table import OutOfBlocksError, PagedKVCache
+from kvlib.paging.table import PagedKVCache
 
 
 def test_exports() -> None:
     assert sorted(frag.__all__) == sorted(
         ["ALPACA_LIKE", "POLICIES", "SHAREGPT_LIKE", "FirstFit", "LengthDistribution",
-         "MemoryShares", "Request", "Workload", "reservation_tokens", "sample_requests",
+         "MemoryShares", "RequestLengths", "LengthMix", "reservation_tokens", "sample_requests",
          "simulate"]
-    )  # fmt: skip
+    )
     assert frag.POLICIES == ("max", "pow2", "oracle", "paged")
 
 
@@ -66,11 +68,11 @@ def test_first_fit_places_where_a_slot_map_says_it_should(ops: list[tuple[bool, 
 
 
 def test_pow2_reserves_the_output_rounded_up_to_a_power_of_two() -> None:
-    r = Request(100, 25)
+    r = RequestLengths(100, 25)
     assert reservation_tokens(r, "pow2") == 100 + 32  # the paper's example: 25 -> 32
-    assert reservation_tokens(Request(100, 32), "pow2") == 132
-    assert reservation_tokens(Request(100, 33), "pow2") == 164
-    assert reservation_tokens(Request(2000, 40), "pow2") == 2048  # capped at the limit
+    assert reservation_tokens(RequestLengths(100, 32), "pow2") == 132
+    assert reservation_tokens(RequestLengths(100, 33), "pow2") == 164
+    assert reservation_tokens(RequestLengths(2000, 40), "pow2") == 2048  # capped at the limit
     assert reservation_tokens(r, "oracle") == 125
     assert reservation_tokens(r, "max") == 2048
     assert reservation_tokens(r, "max", max_seq_len=4096) == 4096
@@ -90,7 +92,7 @@ def test_sampling_is_seeded_bounded_and_has_the_stated_means() -> None:
     with pytest.raises(ValueError, match="mean_tokens"):
         LengthDistribution(0.5, 1.0)
     with pytest.raises(ValueError, match="prompt_tokens"):
-        Request(0, 5)
+        RequestLengths(0, 5)
 
 
 @pytest.mark.parametrize(
@@ -98,13 +100,13 @@ def test_sampling_is_seeded_bounded_and_has_the_stated_means() -> None:
     [({"policy": "lru"}, "policy must be one of"), ({"capacity_tokens": 0}, "capacity_tokens"),
      ({"block_size": 0}, "block_size"), ({"capacity_tokens": 100}, "cannot hold"),
      ({"max_seq_len": 50}, "exceeds max_seq_len")],
-)  # fmt: skip
+)
 def test_bad_input_is_refused(kwargs: dict[str, object], match: str) -> None:
     args: dict[str, object] = {"policy": "paged", "capacity_tokens": 4096, **kwargs}
     if kwargs.get("capacity_tokens") == 100:
         args["policy"] = "max"
     with pytest.raises(ValueError, match=match):
-        simulate([Request(60, 60)], **args)  # type: ignore[arg-type]
+        simulate([RequestLengths(60, 60)], **args)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="empty"):
         simulate([], "paged", 100)
 
@@ -113,7 +115,7 @@ def test_bad_input_is_refused(kwargs: dict[str, object], match: str) -> None:
 
 
 def _reserved_by_steps(
-    requests: list[Request], policy: str, capacity: int, max_num_seqs: int
+    requests: list[RequestLengths], policy: str, capacity: int, max_num_seqs: int
 ) -> tuple[int, list[tuple[int, int, int, int]]]:
     """Every step spelled out: (total steps, [(states, reserved, internal, n)] while waiting)."""
     memory, queue, running = FirstFit(capacity), deque(requests), []
@@ -155,17 +157,18 @@ def test_event_driven_sums_equal_a_step_by_step_run(policy: str, seed: int) -> N
 
 
 def _paged_on_the_block_pool(
-    requests: list[Request], capacity: int, block_size: int, max_num_seqs: int
-) -> tuple[int, int, list[tuple[int, int, int]]]:
+    requests: list[RequestLengths], capacity: int, block_size: int, max_num_seqs: int
+) -> tuple[list[tuple[int, int, int, int]], list[int], list[int], int]:
     """vLLM's loop on the real PagedKVCache: grow the running requests in admission order,
     preempting the last admitted when a block is missing; admit only if none was preempted.
-    Returns (steps, preemptions, [(states, slots held, n)] while requests wait)."""
+    Returns every step's (step, slots held, states, n), the steps in which requests wait,
+    the step of each preemption and the tokens recomputed."""
     cache = PagedKVCache(capacity // block_size, block_size, enable_prefix_caching=False)
     queue = deque((i, 0) for i in range(len(requests)))
     running: list[tuple[int, int]] = []  # (request, uid)
     produced: dict[int, int] = {}  # uid -> output tokens so far (including this step's)
-    t = uid = preemptions = 0
-    rows = []
+    t = uid = recomputed = 0
+    points, waiting_steps, preempted_at = [], [], []
     while queue or running:
         for entry in [e for e in running if produced[e[1]] == requests[e[0]].output_tokens]:
             running.remove(entry)
@@ -179,7 +182,8 @@ def _paged_on_the_block_pool(
                 vi, vu = running.pop()
                 queue.appendleft((vi, produced[vu]))  # it has not grown in this step yet
                 cache.free(vu)
-                preemptions += 1
+                recomputed += requests[vi].prompt_tokens + produced[vu]
+                preempted_at.append(t)
                 preempted = True
                 continue
             produced[u] += 1
@@ -194,27 +198,37 @@ def _paged_on_the_block_pool(
             queue.popleft()
             running.append((i, uid))
             produced[uid] = done + 1
+        states = sum(len(cache.token_ids(u)) for _, u in running)
+        points.append((t, cache.pool.num_used_blocks * block_size, states, len(running)))
         if queue:
-            states = sum(len(cache.token_ids(u)) for _, u in running)
-            rows.append((states, cache.pool.num_used_blocks * block_size, len(running)))
+            waiting_steps.append(t)
         t += 1
-    return t, preemptions, rows
+    return points, waiting_steps, preempted_at, recomputed
 
 
 @pytest.mark.parametrize("block_size", [1, 4, 16])
-@pytest.mark.parametrize("seed", range(3))
-def test_paged_sums_equal_a_run_on_the_real_block_pool(block_size: int, seed: int) -> None:
-    requests = sample_requests(50, ALPACA_LIKE, seed=seed, max_seq_len=256)
+@pytest.mark.parametrize(("mix", "seed"), [(ALPACA_LIKE, 0), (ALPACA_LIKE, 1), (ALPACA_LIKE, 2),
+                                           (SHAREGPT_LIKE, 3)])
+def test_paging_counts_blocks_as_the_real_block_pool_holds_them(
+    block_size: int, mix: LengthMix, seed: int
+) -> None:
+    """The shipped loop counts blocks; the same loop on PagedKVCache allocates them."""
+    requests = sample_requests(50, mix, seed=seed, max_seq_len=256)
     capacity = 600
     got = simulate(requests, "paged", capacity, block_size=block_size, max_seq_len=256,
-                   max_num_seqs=12)  # fmt: skip
-    steps, preemptions, rows = _paged_on_the_block_pool(requests, capacity, block_size, 12)
+                   max_num_seqs=12, timeline=True)
+    points, waiting, preempted_at, recomputed = _paged_on_the_block_pool(
+        requests, capacity, block_size, 12
+    )
+    assert got.timeline == tuple(points)
+    assert got.preempted_at == tuple(preempted_at) and got.preemptions == len(preempted_at) > 0
+    assert got.recomputed_tokens == recomputed
+    rows = [points[t] for t in waiting]
     whole = len(rows) * capacity
-    assert got.preemptions == preemptions > 0
-    assert (got.total_steps, got.measured_steps) == (steps, len(rows))
-    assert got.token_states == pytest.approx(sum(r[0] for r in rows) / whole, rel=1e-12)
-    assert got.internal == pytest.approx(sum(r[1] - r[0] for r in rows) / whole, rel=1e-12)
-    assert got.mean_running == pytest.approx(sum(r[2] for r in rows) / len(rows), rel=1e-12)
+    assert (got.total_steps, got.measured_steps) == (len(points), len(rows))
+    assert got.token_states == pytest.approx(sum(r[2] for r in rows) / whole, rel=1e-12)
+    assert got.internal == pytest.approx(sum(r[1] - r[2] for r in rows) / whole, rel=1e-12)
+    assert got.mean_running == pytest.approx(sum(r[3] for r in rows) / len(rows), rel=1e-12)
 
 
 # ---------------------------------------------------------------- the paper's shape
@@ -255,7 +269,7 @@ def test_max_reservation_matches_the_papers_breakdown() -> None:
     r = simulate(requests, "max", 15_728)
     paper = (0.204, 0.133, 0.573, 0.089)
     for got, published in zip((r.token_states, r.reserved, r.internal, r.external), paper,
-                              strict=True):  # fmt: skip
+                              strict=True):
         assert abs(got - published) < 0.025
     assert r.mean_running == 7  # floor(15,728 / 2,048) reservations fit
     paged = simulate(requests, "paged", 15_728)

@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 import kvlib.paging.prefix as prefix
 from kvlib.paging.prefix import (
     ROOT_HASH,
+    block_extra_keys,
     block_hashes,
     cacheable_blocks,
     hash_block_tokens,
@@ -19,9 +20,9 @@ from kvlib.paging.table import PagedKVCache
 
 def test_exports() -> None:
     assert sorted(prefix.__all__) == sorted(
-        ["ROOT_HASH", "BlockHash", "ExtraKey", "PrefixSharing", "block_hashes",
+        ["ROOT_HASH", "BlockHash", "ExtraKey", "PrefixSharing", "block_extra_keys", "block_hashes",
          "cacheable_blocks", "hash_block_tokens", "prefix_sharing"]
-    )  # fmt: skip
+    )
 
 
 def test_a_hash_depends_on_parent_tokens_and_extra_keys() -> None:
@@ -75,7 +76,7 @@ def test_a_change_in_the_first_block_changes_every_hash() -> None:
     ("shared", "prompt", "block", "blocks"),
     [(1000, 1200, 16, 62), (40, 43, 16, 2), (32, 32, 16, 1), (33, 33, 16, 2), (15, 100, 16, 0),
      (0, 5, 16, 0), (16, 17, 16, 1)],
-)  # fmt: skip
+)
 def test_cacheable_blocks(shared: int, prompt: int, block: int, blocks: int) -> None:
     assert cacheable_blocks(shared, prompt, block) == blocks
 
@@ -102,7 +103,7 @@ def test_a_system_prompt_shared_by_ten_requests() -> None:
      dict(num_requests=2, shared_prefix_tokens=0, unique_tokens=0),
      dict(num_requests=2, shared_prefix_tokens=-1, unique_tokens=3),
      dict(num_requests=2, shared_prefix_tokens=5, unique_tokens=3, block_size=0)],
-)  # fmt: skip
+)
 def test_prefix_sharing_refuses_bad_input(kwargs: dict[str, int]) -> None:
     with pytest.raises(ValueError):
         prefix_sharing(**kwargs)
@@ -136,3 +137,19 @@ def test_the_formula_equals_what_the_block_pool_does(
     for r in range(n):
         plain.add_sequence(r, system + [r * 100 + j for j in range(unique)])
     assert plain.pool.num_used_blocks == expected.blocks_without_sharing
+
+
+def test_the_cache_salt_enters_block_0_only_and_still_changes_every_hash() -> None:
+    """vLLM's generate_block_hash_extra_keys: the salt when start_token_idx == 0, a LoRA
+    name on every block; the chain carries block 0's difference to every later block."""
+    tokens = list(range(64))
+    assert block_extra_keys(0, ("lora-a",), "tenant-1") == ("lora-a", "tenant-1")
+    assert block_extra_keys(1, ("lora-a",), "tenant-1") == ("lora-a",)
+    salted = block_hashes(tokens, 16, cache_salt="tenant-1")
+    plain = block_hashes(tokens, 16)
+    assert all(a != b for a, b in zip(salted, plain, strict=True))
+    # Block 1 of the salted chain is block 1's tokens under block 0's salted hash, no salt.
+    assert salted[1] == hash_block_tokens(salted[0], tokens[16:32])
+    assert salted[1] != hash_block_tokens(salted[0], tokens[16:32], ("tenant-1",))
+    with pytest.raises(ValueError, match="cache_salt"):
+        block_extra_keys(0, (), "")

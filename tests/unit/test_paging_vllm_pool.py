@@ -16,6 +16,7 @@ config fields, without kvlib's specs:
 
 from __future__ import annotations
 
+import math
 from types import SimpleNamespace
 from typing import Any
 
@@ -29,7 +30,7 @@ from kvlib.paging.vllm_pool import (
     kv_cache_groups,
     kv_memory_range,
     kv_pool,
-    page_bytes,
+    unified_page_bytes,
 )
 from kvlib.specs import ChunkedLocal, FullAttention, LinearState, SharedKV, SlidingWindow
 from kvlib.units import GiB
@@ -79,14 +80,15 @@ def vllm_uniform_report(
 def test_exports() -> None:
     assert sorted(kvpool.__all__) == sorted(
         ["DEFAULT_BLOCK_SIZE", "DEFAULT_MAX_NUM_BATCHED_TOKENS", "KVCacheGroup", "KVPool",
-         "LayerPage", "blocks_per_sequence", "kv_cache_groups", "kv_memory_range", "kv_pool",
-         "layer_page_bytes", "layer_pages", "page_bytes"]
-    )  # fmt: skip
+         "LayerPage", "blocks_per_sequence", "kv_cache_groups", "kv_memory_on_gpu",
+         "kv_memory_range", "kv_pool",
+         "layer_page_bytes", "layer_pages", "unified_page_bytes"]
+    )
     assert kvpool.DEFAULT_BLOCK_SIZE == 16
 
 
 @pytest.mark.parametrize("model", ["Llama-3.1-8B", "Llama-3.1-70B", "Qwen3-8B", "Falcon-7B",
-                                   "GPT-2", "Mixtral-8x7B"])  # fmt: skip
+                                   "GPT-2", "Mixtral-8x7B"])
 @pytest.mark.parametrize("dtype", ["bf16", "fp8"])
 @pytest.mark.parametrize("block_size", [1, 16, 32])
 def test_full_attention_models_match_vllms_formulas(
@@ -100,7 +102,7 @@ def test_full_attention_models_match_vllms_formulas(
     kv_heads = 1 if raw.get("multi_query") else raw.get("num_key_value_heads", heads)
     head_size = raw.get("head_dim") or hidden // heads
     page = vllm_attention_page(block_size, kv_heads, head_size, dtype)
-    assert page_bytes(cfg, block_size, dtype) == page * layers
+    assert unified_page_bytes(cfg, block_size, dtype) == page * layers
     for memory in (0, page * layers - 1, page * layers, 17 * GiB + 12_345, 61 * GiB):
         pool = kv_pool(cfg, memory, max_model_len=8192, block_size=block_size, kv_dtype=dtype)
         tokens, concurrency = vllm_uniform_report(memory, page, layers, block_size, 8192)
@@ -113,7 +115,7 @@ def test_mla_pages_the_latent_without_the_factor_two() -> None:
     cfg = load_config("DeepSeek-V3")
     latent = cfg.raw["kv_lora_rank"] + cfg.raw["qk_rope_head_dim"]  # 576
     mla_page = 16 * 1 * latent * 2  # MLAAttentionSpec: one head, bf16
-    assert page_bytes(cfg, 16, "bf16") == mla_page * cfg.raw["num_hidden_layers"]
+    assert unified_page_bytes(cfg, 16, "bf16") == mla_page * cfg.raw["num_hidden_layers"]
     pool = kv_pool(cfg, 40 * GiB, max_model_len=32_768)
     assert pool.num_blocks == vllm_num_blocks(40 * GiB, mla_page, 61)
 
@@ -121,7 +123,8 @@ def test_mla_pages_the_latent_without_the_factor_two() -> None:
 def test_tensor_parallelism_splits_the_kv_heads() -> None:
     cfg = load_config("Llama-3.1-70B")  # 8 KV heads
     for tp, heads in ((1, 8), (2, 4), (8, 1), (16, 1)):  # one replicated head past tp = 8
-        assert page_bytes(cfg, 16, "bf16", tp) == 80 * vllm_attention_page(16, heads, 128, "bf16")
+        page = vllm_attention_page(16, heads, 128, "bf16")
+        assert unified_page_bytes(cfg, 16, "bf16", tp) == 80 * page
 
 
 def test_qwen3_4b_on_an_l4_as_vllms_fp8_kv_cache_doc_reports() -> None:
@@ -237,13 +240,13 @@ def test_one_type_with_different_pages_is_one_group_summing_its_pages() -> None:
 
 
 def test_shared_layers_have_no_pages_and_linear_ones_are_refused() -> None:
-    assert page_bytes(_fake(FullAttention(8, 128), SharedKV())) == vllm_attention_page(
+    assert unified_page_bytes(_fake(FullAttention(8, 128), SharedKV())) == vllm_attention_page(
         16, 8, 128, "bf16"
     )
     with pytest.raises(ValueError, match="linear attention"):
-        page_bytes(_fake(FullAttention(8, 128), LinearState(10, 10)))
+        unified_page_bytes(_fake(FullAttention(8, 128), LinearState(10, 10)))
     with pytest.raises(ValueError, match="no layer with a KV cache"):
-        page_bytes(_fake(SharedKV()))
+        unified_page_bytes(_fake(SharedKV()))
     chunked = _fake(*[ChunkedLocal(8, 128, chunk=8192)] * 3, FullAttention(8, 128))
     assert {g.kind for g in kv_cache_groups(chunked)} == {"chunked", "full"}
 
@@ -253,9 +256,23 @@ def test_shared_layers_have_no_pages_and_linear_ones_are_refused() -> None:
     [({"kv_memory_bytes": -1}, "non-negative"), ({"kv_memory_bytes": 1.5}, "int number"),
      ({"max_model_len": 0}, "max_model_len"), ({"block_size": 0}, "block_size"),
      ({"tp": 0}, "tp")],
-)  # fmt: skip
+)
 def test_bad_input_names_the_argument(kwargs: dict[str, Any], match: str) -> None:
     args: dict[str, Any] = {"kv_memory_bytes": GiB, "max_model_len": 4096, **kwargs}
     memory = args.pop("kv_memory_bytes")
     with pytest.raises(ValueError, match=match):
         kv_pool(load_config("Llama-3.1-8B"), memory, **args)
+
+
+def test_kv_memory_on_gpu_multiplies_cudas_total() -> None:
+    """vLLM's request_memory: ceil(u x CUDA's total); then weights and runtime come off."""
+    from kvlib.hardware import get_gpu
+    from kvlib.paging.vllm_pool import kv_memory_on_gpu
+
+    h200 = get_gpu("H200")
+    cuda_total = 13_981 * 2**30 // 100  # 139.81 GiB
+    free = kv_memory_on_gpu(h200, 16 * 10**9, runtime_bytes=2 * 2**30)
+    assert free == math.ceil(cuda_total * 0.92) - 16 * 10**9 - 2 * 2**30
+    assert free < int(0.92 * h200.memory_bytes) - 16 * 10**9 - 2 * 2**30  # the driver's total
+    with pytest.raises(ValueError, match="gpu_memory_utilization"):
+        kv_memory_on_gpu(h200, 200 * 2**30)

@@ -1,6 +1,6 @@
 """Two priority classes and shedding (kvlib.serving.priority), against independent results:
 Kleinrock's conservation law, plain M/M/c when one class is empty, the shed formula
-landing on its target, and the course brief's incident solved and checked."""
+landing on its target, and chapter 5's incident solved and checked."""
 
 from __future__ import annotations
 
@@ -78,10 +78,10 @@ def test_shedding_for_a_paid_p95_target() -> None:
         shed_fraction_for_paid_wait(3.0, free, service_s, servers, target)  # paid alone: 0.86
 
 
-# --- the course brief's incident -------------------------------------------------------
+# --- chapter 5's incident ---------------------------------------------------------------
 
 
-def test_rates_for_the_brief_incident_round_trip() -> None:
+def test_rates_for_the_incident_round_trip() -> None:
     """97 ms paid p95 on 10 servers, 850 ms on 7 (30% lost), 2 s mean service."""
     paid, free = rates_for_paid_waits(10, 7, 2.0, 0.097, 0.850)
     before, after = priority_mmc(paid, free, 2.0, 10), priority_mmc(paid, free, 2.0, 7)

@@ -117,7 +117,7 @@ def test_rpm_and_tpm_are_charged_together_or_not_at_all(redis_url: str) -> None:
     limiter = RedisRateLimiter(
         redis_url, "tier:free", requests_per_minute=3, tokens_per_minute=10_000, clock=clock,
         timeout_s=PATIENT_S,
-    )  # fmt: skip
+    )
     first = limiter.admit(estimated_tokens=8_000)
     assert first.admitted and first.remaining == 2_000 and first.remaining_requests == 2
     refused = limiter.admit(estimated_tokens=4_000)  # TPM refuses: 2,000 left
@@ -201,7 +201,7 @@ def test_eight_writer_processes_never_push_the_lua_bucket_past_its_limit(
     admitted, attempts, span = contend(
         "lua", redis_server, writers=WRITERS, capacity=CAPACITY,
         refill_per_s=REFILL_PER_S, duration_s=DURATION_S,
-    )  # fmt: skip
+    )
     assert CAPACITY <= admitted <= CAPACITY + REFILL_PER_S * span + 1e-6
     # The limit mattered: at least 8 x 100 attempts, far more than the bucket could admit
     # (it would take a span of (800 - 50) / 20 = 37.5 s for them to fit).
@@ -223,7 +223,7 @@ def test_reads_that_overtake_writes_make_get_then_set_over_admit(
     admitted, attempts, span = contend(
         kind, redis_server, writers=WRITERS, capacity=CAPACITY, refill_per_s=refill,
         duration_s=0.2, hold_writes=True,
-    )  # fmt: skip
+    )
     bound = CAPACITY + refill * span
     assert attempts >= WRITERS * MIN_ATTEMPTS > bound  # every token asked for many times over
     if kind == "lua":
@@ -231,3 +231,38 @@ def test_reads_that_overtake_writes_make_get_then_set_over_admit(
     else:
         # All eight first reads saw the full bucket: 8 admitted, the count down by 1 only.
         assert admitted >= CAPACITY + WRITERS - 1 > bound
+
+
+# --- Redis Cluster: both buckets in one hash slot ---------------------------------------
+
+
+def test_hash_slot_matches_the_redis_cluster_documentation() -> None:
+    # The examples of Redis's CLUSTER KEYSLOT page: a plain key, and two keys whose
+    # shared hash tag puts them in one slot.
+    assert kvlib.serving.ratelimit.hash_slot("somekey") == 11058
+    assert kvlib.serving.ratelimit.hash_slot("foo{hash_tag}") == 2515
+    assert kvlib.serving.ratelimit.hash_slot("bar{hash_tag}") == 2515
+    # An empty tag is no tag: the whole key is hashed.
+    assert kvlib.serving.ratelimit.hash_slot("{}x") != kvlib.serving.ratelimit.hash_slot("x")
+
+
+def test_the_limiter_keys_share_a_cluster_slot() -> None:
+    requests_key, tokens_key = kvlib.serving.ratelimit.limiter_keys("tier:free")
+    assert (requests_key, tokens_key) == ("{tier:free}:requests", "{tier:free}:tokens")
+    slot = kvlib.serving.ratelimit.hash_slot
+    assert slot(requests_key) == slot(tokens_key) == slot("tier:free")
+    # Without the tag the two names land in different slots (CROSSSLOT on a cluster).
+    assert slot("tier:free:requests") != slot("tier:free:tokens")
+    with pytest.raises(ValueError, match="contains a brace"):
+        kvlib.serving.ratelimit.limiter_keys("{tier}")
+
+
+def test_the_limiter_writes_the_tagged_keys(redis_url: str) -> None:
+    limiter = RedisRateLimiter(
+        redis_url, "acme", requests_per_minute=60, tokens_per_minute=6_000,
+        clock=FakeClock(), timeout_s=PATIENT_S,
+    )
+    assert limiter.admit(estimated_tokens=100).admitted
+    client = redis.Redis.from_url(redis_url)
+    assert sorted(k.decode() for k in client.keys("*")) == ["{acme}:requests", "{acme}:tokens"]
+    client.close()

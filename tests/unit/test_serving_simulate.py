@@ -15,8 +15,8 @@ import pytest
 from kvlib.serving.erlang import mm1, mmc
 from kvlib.serving.priority import priority_mmc, rates_for_paid_waits
 from kvlib.serving.simulate import (
+    ArrivalTrace,
     Gateway,
-    Workload,
     batch_means,
     lindley_waits,
     poisson_workload,
@@ -56,8 +56,8 @@ def test_fast_path_replays_the_simpy_model(gateway: Gateway | None) -> None:
 def test_lindley_recursion_is_the_one_server_pool() -> None:
     workload = poisson_workload(0.0, 0.8, 1.0, 200_000, seed=3)
     gaps = np.diff(workload.arrival_s, prepend=0.0)
-    one = simulate_pool(Workload(workload.arrival_s, workload.paid, workload.service_s,
-                                 workload.coin), 1)  # fmt: skip
+    one = simulate_pool(ArrivalTrace(workload.arrival_s, workload.paid, workload.service_s,
+                                     workload.coin), 1)
     assert np.allclose(lindley_waits(gaps, workload.service_s), one.wait_s, atol=1e-7)
 
 
@@ -110,7 +110,7 @@ def test_priority_classes_inside_the_interval() -> None:
     assert stats.paid_mean_wait_s < 0.2 * fcfs and stats.free_mean_wait_s > 1.3 * fcfs
 
 
-def test_the_brief_incident_in_simulation() -> None:
+def test_the_incident_in_simulation() -> None:
     """Paid p95 of 97 ms on 10 servers becomes ~850 ms on 7, and shedding restores it."""
     service_s = 2.0
     paid, free = rates_for_paid_waits(10, 7, service_s, 0.097, 0.850)

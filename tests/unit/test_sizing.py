@@ -13,16 +13,16 @@ from kvlib.config import ModelConfig, load_config
 from kvlib.units import GiB, KiB, MiB
 
 
-def test_course_brief_worked_example(brief_config: dict[str, object]) -> None:
+def test_chapter_one_worked_example(example_config: dict[str, object]) -> None:
     # 40 layers, 8 KV heads of 128 dims, 16-bit cache.
     per_token = sizing.kv_bytes_per_token_dense(40, 8, 128, 2)
     assert per_token == 163_840 == 160 * KiB
-    cfg = load_config(brief_config)
+    cfg = load_config(example_config)
     assert sizing.kv_bytes_per_token(cfg, "bf16") == per_token
     one_user = sizing.kv_bytes(cfg, 4096, "bf16")
     assert one_user == 640 * MiB
     ten_users = sizing.kv_bytes(cfg, 4096, "bf16", batch=10)
-    # The brief prints "6,250 MiB": ten 640 MiB seats are 6,400 MiB, which is 6.25 GiB.
+    # "6,250 MiB" is a classic slip: ten 640 MiB seats are 6,400 MiB, which is 6.25 GiB.
     assert ten_users == 6_400 * MiB == int(6.25 * GiB)
     assert sizing.seats(9 * GiB, one_user) == 14  # the fifteenth seat fails
     assert 15 * one_user > 9 * GiB
@@ -31,7 +31,7 @@ def test_course_brief_worked_example(brief_config: dict[str, object]) -> None:
 @pytest.mark.parametrize(
     ("name", "per_token"),
     [
-        # Course brief: "128 KB per token for Llama 3.1 8B and 320 KB for 70B in bf16" (KiB).
+        # "128 KB per token for Llama 3.1 8B and 320 KB for 70B in bf16", as often quoted (KiB).
         ("Llama-3.1-8B", 128 * KiB),
         ("Llama-3.1-70B", 320 * KiB),
         # DeepSeek-V3 latent: 61 layers x (512 + 64) x 2 B (vLLM MLAAttentionSpec).
@@ -106,10 +106,10 @@ def test_kv_bytes_is_monotone(a: int, b: int) -> None:
 def test_page_is_vllms_pages_summed() -> None:
     """vLLM's page across layers: 2 x block x H_kv x d x b a full layer, no 2 for MLA."""
     llama = load_config("Llama-3.1-8B")
-    assert sizing.page_bytes(llama, 16, "bf16") == 32 * 2 * 16 * 8 * 128 * 2
-    assert sizing.page_bytes(llama, 16, "bf16") == 16 * sizing.kv_bytes_per_token(llama)
+    assert sizing.summed_page_bytes(llama, 16, "bf16") == 32 * 2 * 16 * 8 * 128 * 2
+    assert sizing.summed_page_bytes(llama, 16, "bf16") == 16 * sizing.kv_bytes_per_token(llama)
     deepseek = load_config("DeepSeek-V3")
-    assert sizing.page_bytes(deepseek, 64, "fp8") == 61 * 64 * 576
+    assert sizing.summed_page_bytes(deepseek, 64, "fp8") == 61 * 64 * 576
 
 
 @pytest.mark.parametrize(

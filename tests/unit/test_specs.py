@@ -124,7 +124,7 @@ def test_shared_layer_holds_nothing() -> None:
     ("kv_heads", "tp", "share"),
     [(8, 1, Fraction(1)), (8, 2, Fraction(1, 2)), (8, 8, Fraction(1, 8)), (8, 16, Fraction(1, 8)),
      (1, 4, Fraction(1)), (2, 4, Fraction(1, 2))],
-)  # fmt: skip
+)
 def test_kv_heads_split_then_replicate(kv_heads: int, tp: int, share: Fraction) -> None:
     assert specs.FullAttention(kv_heads, 128).tp_share(tp) == share
 
@@ -160,7 +160,7 @@ def test_bad_arguments_name_the_argument() -> None:
 
 def test_every_bundled_layer_is_a_spec() -> None:
     kinds = {type(layer) for name in ("gpt-oss-20b", "DeepSeek-V3") for layer in
-             load_config(name).layers}  # fmt: skip
+             load_config(name).layers}
     assert kinds == {specs.SlidingWindow, specs.FullAttention, specs.MLALatent}
     assert all(isinstance(k.kind, str) for k in kinds)
 
@@ -202,7 +202,7 @@ def test_attention_flops_per_pair() -> None:
     ],
 )
 def test_blocks_held_and_budgeted(spec: specs.CacheSpec, tokens: int, held: int,
-                                  budget: int) -> None:  # fmt: skip
+                                  budget: int) -> None:
     assert spec.held_blocks(tokens, 16) == held
     if spec.vllm_page_type() is not None:
         assert spec.vllm_blocks_per_request(tokens, 16, 8192) == budget

@@ -193,7 +193,7 @@ def test_no_gpu_no_gpu_time() -> None:
 
 def test_sweep_times_each_case_in_order() -> None:
     results = sweep([0.001, 0.003], lambda s: Counted(s), device="cpu", progress=False,
-                    cache="warm", rep_s=0.01, min_reps=2)  # fmt: skip
+                    cache="warm", rep_s=0.01, min_reps=2)
     assert [r.device for r in results] == ["cpu", "cpu"]
     assert results[0].median_s >= 0.001 and results[1].median_s >= 0.003
     assert results[1].median_s > results[0].median_s
@@ -201,7 +201,7 @@ def test_sweep_times_each_case_in_order() -> None:
 
 def test_sweep_progress_bar_goes_to_stderr(capsys: pytest.CaptureFixture[str]) -> None:
     sweep([1, 2, 3], lambda _: (lambda: None), device="cpu", progress=True, desc="sizes",
-          cache="warm", rep_s=0.002, min_reps=2)  # fmt: skip
+          cache="warm", rep_s=0.002, min_reps=2)
     captured = capsys.readouterr()
     assert captured.out == "" and "sizes" in captured.err and "3/3" in captured.err
 
@@ -271,7 +271,7 @@ def test_matmul_counts_against_flop_counter_and_tensor_bytes(dtype: str) -> None
 @pytest.mark.parametrize(("heads", "kv_heads"), [(8, 2), (4, 4), (6, 1)])
 def test_decode_attention_impls_agree_and_counts_match(heads: int, kv_heads: int) -> None:
     shape = {"batch": 2, "context_tokens": 33, "heads": heads, "kv_heads": kv_heads,
-             "head_dim": 16, "dtype": "fp32", "device": "cpu"}  # fmt: skip
+             "head_dim": 16, "dtype": "fp32", "device": "cpu"}
     torch.manual_seed(1)
     sdpa = w.decode_attention(**shape, impl="sdpa")  # type: ignore[arg-type]
     torch.manual_seed(1)

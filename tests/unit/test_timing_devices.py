@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import stat
+import sys
+import types
 from pathlib import Path
 
 import pytest
@@ -11,10 +13,14 @@ import torch
 from kvlib.timing.devices import (
     FALLBACK_FLUSH_BYTES,
     cache_flush_bytes,
+    clock_reader,
     cpu_cache_bytes,
     cuda_device_facts,
     nvidia_smi,
+    nvml_clock_reader,
     resolve_device,
+    smi_clock_reader,
+    throttle_reasons,
 )
 from kvlib.units import MiB
 
@@ -69,3 +75,74 @@ def test_device_facts_of_the_gpu() -> None:
     facts = cuda_device_facts("cuda")
     assert facts["type"] == "cuda" and facts["name"] == torch.cuda.get_device_name(0)
     assert facts["l2_bytes"] == torch.cuda.get_device_properties(0).L2_cache_size
+
+
+def test_throttle_reasons_decode_nvml_bits() -> None:
+    assert throttle_reasons(0) == []
+    assert throttle_reasons(0x4 | 0x40) == ["sw_power_cap", "hw_thermal_slowdown"]
+    assert throttle_reasons(0x1000 | 0x1) == ["gpu_idle", "unknown_bits_0x1000"]
+    with pytest.raises(ValueError, match="mask"):
+        throttle_reasons(-1)
+
+
+def _smi_by_field(tmp_path: Path, accepted: str, output: str) -> str:
+    """A fake nvidia-smi that answers only a query naming ``accepted``, as a driver
+    that knows one name of the reasons field does."""
+    script = tmp_path / "nvidia-smi"
+    script.write_text(
+        "#!/bin/sh\n"
+        f'case "$*" in *{accepted}*) printf \'%s\\n\' \'{output}\' ;; '
+        "*) echo 'Field is not a valid field to query.' >&2; exit 2 ;; esac\n"
+    )
+    script.chmod(script.stat().st_mode | stat.S_IXUSR)
+    return str(script)
+
+
+@pytest.mark.parametrize("field", ["clocks_event_reasons", "clocks_throttle_reasons"])
+def test_smi_clock_reader_reads_clocks_and_reasons(tmp_path: Path, field: str) -> None:
+    line = "1755 MHz, 3201 MHz, 61, 612.30 W, 0x0000000000000004"
+    read = smi_clock_reader("00000000:19:00.0", command=_smi_by_field(tmp_path, field, line))
+    for _ in range(2):  # the second reading goes straight to the name that worked
+        reading = read()
+        assert reading["sm_mhz"] == 1755 and reading["mem_mhz"] == 3201
+        assert reading["temperature_c"] == 61 and reading["power_w"] == pytest.approx(612.3)
+        assert reading["reasons"] == ["sw_power_cap"]
+
+
+def test_smi_clock_reader_reports_a_missing_program(tmp_path: Path) -> None:
+    reading = smi_clock_reader(0, command=str(tmp_path / "absent"))()
+    assert "unavailable" in reading["error"]
+    source, _ = clock_reader("0", command=str(tmp_path / "absent"))
+    assert source == "nvidia-smi (no PCI bus id for NVML)"
+
+
+def test_nvml_reader_by_bus_id(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A stand-in for nvidia-ml-py's module: the calls and constants the reader uses."""
+    asked: list[object] = []
+
+    def unsupported(handle: object) -> int:
+        raise RuntimeError("NVMLError_NotSupported")
+
+    fake = types.SimpleNamespace(
+        NVML_CLOCK_SM=1, NVML_CLOCK_MEM=2, NVML_TEMPERATURE_GPU=0,
+        nvmlInit=lambda: None,
+        nvmlDeviceGetHandleByPciBusId=lambda bus: asked.append(bus) or "h",
+        nvmlDeviceGetCurrentClocksEventReasons=lambda h: 0x4,
+        nvmlDeviceGetClockInfo=lambda h, kind: {1: 1980, 2: 3201}[kind],
+        nvmlDeviceGetTemperature=lambda h, sensor: 44,
+        nvmlDeviceGetPowerUsage=unsupported,
+    )
+    monkeypatch.setitem(sys.modules, "pynvml", fake)
+    source, read = clock_reader("00000000:19:00.0")
+    reading = read()
+    assert source == "nvml" and asked == [b"00000000:19:00.0"]
+    assert reading["sm_mhz"] == 1980 and reading["mem_mhz"] == 3201
+    assert reading["temperature_c"] == 44 and reading["reasons"] == ["sw_power_cap"]
+    assert reading["power_w"] is None  # unsupported on this board: that field alone is lost
+
+
+def test_nvml_absent_means_nvidia_smi(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "pynvml", None)  # import pynvml raises ImportError
+    assert nvml_clock_reader("00000000:19:00.0") is None
+    source, _ = clock_reader("00000000:19:00.0")
+    assert source == "nvidia-smi (nvidia-ml-py is not installed)"

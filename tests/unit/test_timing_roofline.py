@@ -135,3 +135,31 @@ def test_long_contexts_never_reach_the_ridge() -> None:
 def test_bad_input_names_the_argument(call: object, match: str) -> None:
     with pytest.raises(ValueError, match=match):
         call()  # type: ignore[operator]
+
+
+def test_per_operation_step_adds_the_cache_reads_to_the_matmuls_roofline() -> None:
+    """T = B KV / BW + max(2 B P / F, W / BW), against the merged max: equal while the matmuls
+    are memory-bound (both are bytes over bandwidth), apart once they are compute-bound,
+    the merged one low by the cache reads the matmuls' arithmetic cannot hide."""
+    decode_step_s_merged = roofline.decode_step_s_merged
+    decode_step_s_per_operation = roofline.decode_step_s_per_operation
+    matmul_ridge_batch = roofline.matmul_ridge_batch
+    llama = load_config("Llama-3.1-8B")
+    p = active_param_count(llama)
+    w = 2 * p
+    h100 = H100
+    kv = kv_bytes(llama, 512, "bf16")
+    bw, peak = 3.35e12, 989.4e12
+    small = decode_step_s_per_operation(p, w, 8, kv, h100)
+    assert small == pytest.approx((w + 8 * kv) / bw)
+    assert small == pytest.approx(decode_step_s_merged(p, w, 8, kv, h100))
+    big = decode_step_s_per_operation(p, w, 512, kv, h100)
+    assert big == pytest.approx(512 * kv / bw + 2 * 512 * p / peak)
+    merged = decode_step_s_merged(p, w, 512, kv, h100)
+    assert 0.15 < 1 - merged / big < 0.22  # the merged bound is about 18% low here
+    # The matmuls cross the ridge at F W / (2 P BW): the ridge itself for bf16 weights,
+    # the same batch for fp8 weights on fp8 arithmetic, half of it on bf16 arithmetic.
+    assert matmul_ridge_batch(p, w, h100) == pytest.approx(peak / bw)
+    fp8 = roofline.machine_from_gpu(get_gpu("H100-SXM"), "fp8")
+    assert matmul_ridge_batch(p, p, fp8) == pytest.approx(matmul_ridge_batch(p, w, h100), rel=1e-3)
+    assert matmul_ridge_batch(p, p, h100) == pytest.approx(peak / bw / 2)

@@ -44,7 +44,7 @@ def test_gib_is_not_gb() -> None:
         (163_840, {}, "160 KiB"),
         (640 * MiB, {}, "640 MiB"),
         (6_710_886_400, {}, "6.25 GiB"),
-        # The course brief prints "6,250 MiB" for ten 640 MiB seats: it is 6,400.
+        # "6,250 MiB" for ten 640 MiB seats is a classic slip: it is 6,400.
         (10 * 640 * MiB, {"unit": "MiB"}, "6,400 MiB"),
         (80 * GB, {"binary": False}, "80 GB"),
         (512, {}, "512 B"),

@@ -111,7 +111,7 @@ FAMILIES: dict[str, dict[str, Any]] = {
         },
         "mm_tokens_per_image": 256,
     },
-}  # fmt: skip
+}
 
 UNKNOWN = {
     # Gemma 3n: per-layer embeddings, AltUp and LAuReL blocks kvlib does not lay out.
@@ -127,7 +127,7 @@ UNKNOWN = {
         "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 128,
         "vocab_size": 1000, "sliding_window": 8,
     },
-}  # fmt: skip
+}
 
 
 def transformers_count(config: Mapping[str, Any]) -> int:
@@ -217,10 +217,10 @@ def test_moe_totals_and_active_match_the_model_cards(
 # Switches that change nothing transformers builds, or that build another model class.
 _NOT_LAYOUT = frozenset({"return_dict", "output_hidden_states", "output_attentions",
                          "torchscript", "use_cache", "is_encoder_decoder", "is_decoder",
-                         "add_cross_attention", "tie_encoder_decoder"})  # fmt: skip
+                         "add_cross_attention", "tie_encoder_decoder"})
 _SMALL = {"hidden_size": 64, "num_hidden_layers": 4, "vocab_size": 100,
           "intermediate_size": 96, "num_attention_heads": 4, "num_key_value_heads": 2,
-          "n_embd": 64, "n_layer": 2, "n_head": 4}  # fmt: skip
+          "n_embd": 64, "n_layer": 2, "n_head": 4}
 
 
 def flag_variants(family: str) -> list[tuple[str, dict[str, Any]]]:

@@ -45,7 +45,7 @@ def test_weights_by_precision() -> None:
 
 
 def test_group_scales_add_a_little() -> None:
-    """The course brief: an 8B model is 16 GB at bf16 and about 4 GB at 4 bits; an fp16
+    """Chapter 4's example: an 8B model is 16 GB at bf16 and about 4 GB at 4 bits; an fp16
     scale per 128 weights adds 2 / 128 bytes a weight (125 MB for 8B)."""
     cfg = load_config("Llama-3.1-8B")
     count = param_count(cfg)
@@ -163,7 +163,7 @@ def test_modules_to_not_convert_stay_unquantized() -> None:
     kept = _with_quantization(
         {"quant_method": "fp8", "weight_block_size": [128, 128],
          "modules_to_not_convert": ["model.layers.*.self_attn"]}
-    )  # fmt: skip
+    )
     attention = 32 * (4096 * 4096 * 2 + 1024 * 4096 * 2)  # q, o and k, v weights
     scales = 32 * 4 * (32 * 32 * 2 + 8 * 32 * 2)  # their 128 x 128 blocks
     assert shipped_weights(kept).bytes == (shipped_weights(full).bytes or 0) + attention - scales
@@ -174,7 +174,7 @@ def test_count_params_is_none_with_a_reason_for_unknown_layouts() -> None:
         {"model_type": "cohere2", "hidden_size": 64, "num_hidden_layers": 4,
          "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 100,
          "sliding_window": 8}
-    )  # fmt: skip
+    )
     count = count_params(cfg)
     assert count.total is None and "cohere2" in count.note
 

@@ -30,6 +30,7 @@ fragmentation (memory no request holds).
 
 from __future__ import annotations
 
+from kvlib._validate import cdiv, require_int
 from kvlib.paging.fragmentation.paged import simulate_paged
 from kvlib.paging.fragmentation.reserved import (
     RESERVATION_POLICIES,
@@ -42,8 +43,8 @@ from kvlib.paging.fragmentation.workload import (
     ALPACA_LIKE,
     SHAREGPT_LIKE,
     LengthDistribution,
-    Request,
-    Workload,
+    LengthMix,
+    RequestLengths,
     sample_requests,
 )
 
@@ -53,9 +54,9 @@ __all__ = [
     "SHAREGPT_LIKE",
     "FirstFit",
     "LengthDistribution",
+    "LengthMix",
     "MemoryShares",
-    "Request",
-    "Workload",
+    "RequestLengths",
     "reservation_tokens",
     "sample_requests",
     "simulate",
@@ -65,7 +66,7 @@ POLICIES = (*RESERVATION_POLICIES, "paged")
 
 
 def simulate(
-    requests: list[Request],
+    requests: list[RequestLengths],
     policy: str,
     capacity_tokens: int,
     *,
@@ -89,8 +90,7 @@ def simulate(
         ("max_seq_len", max_seq_len),
         ("max_num_seqs", max_num_seqs),
     ):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        require_int(value, name, 1)
     if not requests:
         raise ValueError("requests is empty: draw some with sample_requests()")
     longest = max(r.final_tokens for r in requests)
@@ -100,7 +100,7 @@ def simulate(
         return simulate_reserved(
             requests, policy, capacity_tokens, max_seq_len, max_num_seqs, timeline
         )
-    if -(-longest // block_size) > capacity_tokens // block_size:
+    if cdiv(longest, block_size) > capacity_tokens // block_size:
         raise ValueError(
             f"capacity_tokens={capacity_tokens:,} cannot hold one {longest:,}-token request "
             f"in {block_size}-token blocks"

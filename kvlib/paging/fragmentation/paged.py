@@ -1,120 +1,99 @@
-"""Paging: blocks taken one at a time as tokens arrive, with vLLM's preemption."""
+"""Paging: vLLM's scheduling loop over whole blocks, with its preemption."""
 
 from __future__ import annotations
 
-import heapq
 from collections import deque
 from dataclasses import dataclass
 
+from kvlib._validate import cdiv
 from kvlib.paging.fragmentation.shares import MemoryShares, ShareTotals
-from kvlib.paging.fragmentation.workload import Request
+from kvlib.paging.fragmentation.workload import RequestLengths
 
 __all__ = ["simulate_paged"]
 
 
 @dataclass(eq=False)
 class _Running:
-    uid: int
-    request: int
-    base: int  # tokens it held when admitted: prompt, plus output produced before a preemption
-    admitted: int  # step of admission
-    end: int  # first step it no longer runs
-    key: int  # it needs a new block at steps s with s % B == key
+    request: RequestLengths
+    tokens: int  # token states it holds: its prompt and its output so far
+    blocks: int  # whole blocks holding them: cdiv(tokens, B)
 
-
-def _cdiv(a: int, b: int) -> int:
-    return -(-a // b)
+    @property
+    def produced(self) -> int:
+        """Output tokens so far (a preempted request recomputes them with its prompt)."""
+        return self.tokens - self.request.prompt_tokens
 
 
 def simulate_paged(
-    requests: list[Request],
+    requests: list[RequestLengths],
     capacity_tokens: int,
     block_size: int,
     max_num_seqs: int,
     timeline: bool = False,
 ) -> MemoryShares:
-    """Step by step. At step ``s`` a request admitted at ``a`` holds ``base + s - a + 1``
-    token states, so it needs a new block exactly when ``(base + s - a) % B == 0``:
-    requests are bucketed by ``(a - base) % B`` and a step's demand is one lookup.
+    """Each step, as vLLM v1's scheduler runs it over a pool of ``capacity / B`` blocks:
+
+    1. finished requests free their blocks;
+    2. every running request grows by one token, in admission order; one whose last
+       block is full takes a new block, and when none is free the last admitted
+       request is preempted: its blocks are freed and it waits at the head of the
+       queue, to recompute its prompt and the output it had (v1 preempts by
+       recompute only, ``Scheduler.schedule``);
+    3. in a step that preempted nobody, waiting requests are admitted in order while
+       their blocks fit and fewer than ``max_num_seqs`` run. Admission runs the
+       prefill, which produces the first output token.
+
+    The same loop on chapter 2's :class:`~kvlib.paging.table.PagedKVCache` gives the
+    same counts (the tests run both); counting blocks keeps a 10,000-request run fast.
     """
-    size = block_size
-    total = free = capacity_tokens // size
-    queue: deque[tuple[int, int]] = deque((i, 0) for i in range(len(requests)))
+    free = capacity_tokens // block_size
+    waiting = deque((r, 0) for r in requests)  # (request, output tokens it had produced)
     running: list[_Running] = []  # in admission order: the last is preempted first
-    finishing: list[tuple[int, int]] = []  # heap of (end, uid); stale entries skipped
-    alive: dict[int, _Running] = {}
-    due = [0] * size  # running requests per bucket
-    offset = 0  # sum over running of (base - admitted + 1): states at step s = offset + n*s
-    prompts = [r.prompt_tokens for r in requests]
-    outputs = [r.output_tokens for r in requests]
-    preemptions = recomputed = uid = 0
-    # Sums over the steps in which requests wait: steps, token states, slots held, running.
-    waited = states_sum = held_sum = running_sum = 0
+    totals = ShareTotals(capacity_tokens)
     points: list[tuple[int, int, int, int]] = []
     preempted_at: list[int] = []
-    t = 0
-
-    def stop(r: _Running) -> int:
-        nonlocal offset
-        del alive[r.uid]
-        due[r.key] -= 1
-        offset -= r.base - r.admitted + 1
-        return _cdiv(r.base + t - r.admitted, size)  # blocks it held after step t - 1
-
-    while queue or running:
-        while finishing and finishing[0][0] == t:
-            _, done = heapq.heappop(finishing)
-            if done in alive:
-                r = alive[done]
-                running.remove(r)
-                free += stop(r)
-        need = due[t % size]
-        preempted = False
-        while need > free:
-            victim = running.pop()
-            free += stop(victim)
-            need -= victim.key == t % size
-            prompt = prompts[victim.request]
-            produced = victim.base - prompt + t - victim.admitted
-            queue.appendleft((victim.request, produced))
-            preemptions += 1
-            recomputed += prompt + produced
-            preempted = True
-            if timeline:
-                preempted_at.append(t)
-        free -= need
-        # vLLM's scheduler admits no waiting request in a step that preempted one.
-        while queue and not preempted and len(running) < max_num_seqs:
-            i, produced = queue[0]
-            base = prompts[i] + produced
-            blocks = _cdiv(base + 1, size)
-            if blocks > free:
+    step = recomputed = 0
+    while waiting or running:
+        for done in [s for s in running if s.tokens == s.request.final_tokens]:
+            running.remove(done)
+            free += done.blocks
+        preempted, i = False, 0
+        while i < len(running):
+            seq = running[i]
+            if seq.tokens % block_size == 0:  # its last block is full
+                if free == 0:
+                    victim = running.pop()  # not grown yet in this step: i is at or before it
+                    free += victim.blocks
+                    waiting.appendleft((victim.request, victim.produced))
+                    recomputed += victim.tokens
+                    preempted_at.append(step)
+                    preempted = True
+                    continue
+                free -= 1
+                seq.blocks += 1
+            seq.tokens += 1
+            i += 1
+        while waiting and not preempted and len(running) < max_num_seqs:
+            request, produced = waiting[0]
+            tokens = request.prompt_tokens + produced + 1
+            if cdiv(tokens, block_size) > free:
                 break
-            queue.popleft()
-            free -= blocks
-            uid += 1
-            r = _Running(uid, i, base, t, t + outputs[i] - produced, (t - base) % size)
-            running.append(r)
-            alive[uid] = r
-            due[r.key] += 1
-            offset += base - t + 1
-            heapq.heappush(finishing, (r.end, uid))
-        if queue:
-            waited += 1
-            states_sum += offset + len(running) * t
-            held_sum += total - free
-            running_sum += len(running)
+            waiting.popleft()
+            running.append(_Running(request, tokens, cdiv(tokens, block_size)))
+            free -= cdiv(tokens, block_size)
+        held = (capacity_tokens // block_size - free) * block_size
+        states = sum(s.tokens for s in running)
+        if waiting:  # memory is measured while requests wait for it
+            totals.add(1, states, 0, held - states, len(running))
         if timeline:
-            points.append((t, (total - free) * size, offset + len(running) * t, len(running)))
-        t += 1
-    totals = ShareTotals(capacity_tokens)
-    totals.add(waited, states_sum, 0, held_sum * size - states_sum, running_sum)
+            points.append((step, held, states, len(running)))
+        step += 1
     return totals.shares(
         "paged",
         block_size,
-        total_steps=t,
-        preemptions=preemptions,
+        total_steps=step,
+        preemptions=len(preempted_at),
         recomputed_tokens=recomputed,
         timeline=tuple(points),
-        preempted_at=tuple(preempted_at),
+        preempted_at=tuple(preempted_at) if timeline else (),
     )

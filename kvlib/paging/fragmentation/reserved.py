@@ -7,14 +7,14 @@ import heapq
 from collections import deque
 
 from kvlib.paging.fragmentation.shares import MemoryShares, ShareTotals
-from kvlib.paging.fragmentation.workload import Request
+from kvlib.paging.fragmentation.workload import RequestLengths
 
 __all__ = ["RESERVATION_POLICIES", "FirstFit", "reservation_tokens", "simulate_reserved"]
 
 RESERVATION_POLICIES = ("max", "pow2", "oracle")
 
 
-def reservation_tokens(request: Request, policy: str, max_seq_len: int = 2048) -> int:
+def reservation_tokens(request: RequestLengths, policy: str, max_seq_len: int = 2048) -> int:
     """Slots a policy sets aside for ``request`` when it is admitted.
 
     ``"max"``: ``max_seq_len``; ``"pow2"``: prompt + output rounded up to a power
@@ -65,7 +65,7 @@ class FirstFit:
 
 
 def simulate_reserved(
-    requests: list[Request],
+    requests: list[RequestLengths],
     policy: str,
     capacity: int,
     max_seq_len: int,

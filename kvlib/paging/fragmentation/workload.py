@@ -6,12 +6,14 @@ import math
 import random
 from dataclasses import dataclass
 
+from kvlib._validate import require_int
+
 __all__ = [
     "ALPACA_LIKE",
     "SHAREGPT_LIKE",
     "LengthDistribution",
-    "Request",
-    "Workload",
+    "LengthMix",
+    "RequestLengths",
     "sample_requests",
 ]
 
@@ -36,7 +38,7 @@ class LengthDistribution:
 
 
 @dataclass(frozen=True)
-class Workload:
+class LengthMix:
     """Prompt and output length distributions, drawn independently."""
 
     prompt: LengthDistribution
@@ -46,12 +48,12 @@ class Workload:
 # Means from the PagedAttention paper's datasets (its Figure 11: ShareGPT prompts of 161.31
 # and outputs of 337.99 tokens on average, Alpaca 19.31 and 58.45). The log-normal shape
 # and its spread are this module's assumption, wider for ShareGPT as the paper describes.
-SHAREGPT_LIKE = Workload(LengthDistribution(161.31, 1.0), LengthDistribution(337.99, 0.9))
-ALPACA_LIKE = Workload(LengthDistribution(19.31, 0.6), LengthDistribution(58.45, 0.7))
+SHAREGPT_LIKE = LengthMix(LengthDistribution(161.31, 1.0), LengthDistribution(337.99, 0.9))
+ALPACA_LIKE = LengthMix(LengthDistribution(19.31, 0.6), LengthDistribution(58.45, 0.7))
 
 
 @dataclass(frozen=True)
-class Request:
+class RequestLengths:
     """One request: its prompt and the output it will produce (known only to an oracle)."""
 
     prompt_tokens: int
@@ -60,8 +62,7 @@ class Request:
     def __post_init__(self) -> None:
         for name in ("prompt_tokens", "output_tokens"):
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+            require_int(value, name, 1)
 
     @property
     def final_tokens(self) -> int:
@@ -70,12 +71,11 @@ class Request:
 
 
 def sample_requests(
-    num_requests: int, workload: Workload = SHAREGPT_LIKE, seed: int = 0, max_seq_len: int = 2048
-) -> list[Request]:
+    num_requests: int, workload: LengthMix = SHAREGPT_LIKE, seed: int = 0, max_seq_len: int = 2048
+) -> list[RequestLengths]:
     """``num_requests`` seeded draws; a prompt and its output are cut to fit ``max_seq_len``."""
     for name, value in (("num_requests", num_requests), ("max_seq_len", max_seq_len)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        require_int(value, name, 1)
     if max_seq_len < 2:
         raise ValueError("max_seq_len must leave room for a prompt and one output token")
     rng = random.Random(seed)
@@ -83,5 +83,5 @@ def sample_requests(
     for _ in range(num_requests):
         prompt = min(workload.prompt.sample(rng), max_seq_len - 1)
         output = min(workload.output.sample(rng), max_seq_len - prompt)
-        requests.append(Request(prompt, output))
+        requests.append(RequestLengths(prompt, output))
     return requests

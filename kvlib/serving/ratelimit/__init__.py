@@ -37,7 +37,12 @@ importing this package needs nothing beyond the standard library.
 from __future__ import annotations
 
 from kvlib.serving.bucket import Decision, TokenBucket, burst_admits, per_minute
-from kvlib.serving.ratelimit.atomic import RedisRateLimiter, RedisTokenBucket
+from kvlib.serving.ratelimit.atomic import (
+    RedisRateLimiter,
+    RedisTokenBucket,
+    hash_slot,
+    limiter_keys,
+)
 from kvlib.serving.ratelimit.connection import LimiterUnavailableError
 from kvlib.serving.ratelimit.naive import NaiveRedisTokenBucket
 
@@ -49,5 +54,7 @@ __all__ = [
     "RedisTokenBucket",
     "TokenBucket",
     "burst_admits",
+    "hash_slot",
+    "limiter_keys",
     "per_minute",
 ]

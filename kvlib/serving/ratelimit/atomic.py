@@ -8,6 +8,14 @@ bucket; :class:`RedisRateLimiter` checks a request bucket (RPM) and an LLM-token
 bucket (TPM) together, charging both or neither, and settles the token estimate
 when the reply is done. The rule, and its formulas, are those of
 :mod:`kvlib.serving.bucket`.
+
+A script may only touch keys that live on one node. On Redis Cluster a key's
+node is set by its hash slot, ``CRC16(key) mod 16384``, computed on the part
+between the first ``{`` and the next ``}`` when that part is not empty (the
+"hash tag"; Redis Cluster specification, "Hash tags"). The limiter's two
+buckets are therefore ``{key}:requests`` and ``{key}:tokens``: one slot, so the
+one script may charge both, where ``key:requests`` and ``key:tokens`` would be
+refused with ``CROSSSLOT`` on a cluster.
 """
 
 from __future__ import annotations
@@ -15,12 +23,12 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
+from kvlib._validate import require_positive
 from kvlib.serving.bucket import (
     EPSILON_TOKENS,
     Decision,
     check_cost,
     per_minute,
-    require_positive,
     settlement,
 )
 from kvlib.serving.ratelimit.connection import (
@@ -33,7 +41,51 @@ from kvlib.serving.ratelimit.connection import (
 if TYPE_CHECKING:
     import redis
 
-__all__ = ["LUA_SCRIPT", "RedisRateLimiter", "RedisTokenBucket"]
+__all__ = ["LUA_SCRIPT", "RedisRateLimiter", "RedisTokenBucket", "hash_slot", "limiter_keys"]
+
+CLUSTER_SLOTS = 16_384
+
+
+def _crc16_xmodem(data: bytes) -> int:
+    """CRC16-CCITT (XMODEM: polynomial 0x1021, initial 0), the CRC Redis Cluster uses."""
+    crc = 0
+    for byte in data:
+        crc ^= byte << 8
+        for _ in range(8):
+            crc = ((crc << 1) ^ 0x1021) if crc & 0x8000 else crc << 1
+            crc &= 0xFFFF
+    return crc
+
+
+def hash_slot(key: str) -> int:
+    """Redis Cluster's slot of ``key``: ``CRC16(tag or key) mod 16384``.
+
+    The tag is the text between the first ``{`` and the first ``}`` after it,
+    used only when it is not empty (Redis Cluster specification, "Hash tags").
+    """
+    raw = key.encode()
+    start = raw.find(b"{")
+    if start != -1:
+        end = raw.find(b"}", start + 1)
+        if end > start + 1:
+            raw = raw[start + 1 : end]
+    return _crc16_xmodem(raw) % CLUSTER_SLOTS
+
+
+def limiter_keys(key: str) -> tuple[str, str]:
+    """The request and token buckets' keys, ``{key}:requests`` and ``{key}:tokens``.
+
+    The braces make ``key`` the hash tag of both, so they share a cluster slot
+    and one script may touch both. ``key`` must not contain braces itself: its
+    own tag would then decide the slot.
+    """
+    if "{" in key or "}" in key:
+        raise ValueError(
+            f"key {key!r} contains a brace: the limiter wraps the key in braces as its "
+            "Redis Cluster hash tag; pass the customer's id without braces"
+        )
+    return f"{{{key}}}:requests", f"{{{key}}}:tokens"
+
 
 # One script for every Redis limiter: refill each bucket to now, then either charge all
 # buckets their cost (mode 'take': only if every bucket holds it) or add a signed amount
@@ -90,10 +142,10 @@ class _Buckets:
         clock: Callable[[], float] | None,
         timeout_s: float,
     ) -> None:
-        self.client = connect(client, require_positive("timeout_s", timeout_s))
+        self.client = connect(client, require_positive(timeout_s, "timeout_s"))
         self.keys = list(keys)
         self.limits = [
-            (require_positive("capacity", c), require_positive("refill_per_s", r))
+            (require_positive(c, "capacity"), require_positive(r, "refill_per_s"))
             for c, r in limits
         ]
         self.fail_open = fail_open
@@ -166,7 +218,7 @@ class RedisTokenBucket:
         self._buckets = _Buckets(
             client, [key], [(capacity, refill_per_s)], fail_open=fail_open, clock=clock,
             timeout_s=timeout_s,
-        )  # fmt: skip
+        )
         self.capacity, self.refill_per_s = self._buckets.limits[0]
 
     def try_acquire(self, cost: float = 1.0) -> Decision:
@@ -193,7 +245,8 @@ class RedisRateLimiter:
     to both buckets or to neither; ``complete(estimated, actual)`` settles the
     token bucket once the reply's real size is known. Each bucket holds a
     minute's allowance unless ``request_burst`` / ``token_burst`` say otherwise,
-    and refills at ``limit / 60`` a second.
+    and refills at ``limit / 60`` a second. The buckets live under
+    :func:`limiter_keys` (``{key}:requests``, ``{key}:tokens``): one cluster slot.
     """
 
     def __init__(
@@ -209,15 +262,15 @@ class RedisRateLimiter:
         clock: Callable[[], float] | None = None,
         timeout_s: float = DEFAULT_TIMEOUT_S,
     ) -> None:
-        rpm = require_positive("requests_per_minute", requests_per_minute)
-        tpm = require_positive("tokens_per_minute", tokens_per_minute)
+        rpm = require_positive(requests_per_minute, "requests_per_minute")
+        tpm = require_positive(tokens_per_minute, "tokens_per_minute")
         request_capacity = rpm if request_burst is None else request_burst
         token_capacity = tpm if token_burst is None else token_burst
         limits = [(request_capacity, per_minute(rpm)), (token_capacity, per_minute(tpm))]
         self._buckets = _Buckets(
-            client, [f"{key}:requests", f"{key}:tokens"], limits, fail_open=fail_open,
+            client, list(limiter_keys(key)), limits, fail_open=fail_open,
             clock=clock, timeout_s=timeout_s,
-        )  # fmt: skip
+        )
 
     def admit(self, estimated_tokens: float) -> Decision:
         """Admit one request expected to use ``estimated_tokens`` (prompt + max output)."""

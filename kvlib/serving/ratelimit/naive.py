@@ -12,7 +12,8 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from kvlib.serving.bucket import EPSILON_TOKENS, Decision, check_cost, require_positive
+from kvlib._validate import require_positive
+from kvlib.serving.bucket import EPSILON_TOKENS, Decision, check_cost
 from kvlib.serving.ratelimit.connection import DEFAULT_TIMEOUT_S, connect
 
 if TYPE_CHECKING:
@@ -40,10 +41,10 @@ class NaiveRedisTokenBucket:
         clock: Callable[[], float] = time.time,
         timeout_s: float = DEFAULT_TIMEOUT_S,
     ) -> None:
-        self.client = connect(client, require_positive("timeout_s", timeout_s))
+        self.client = connect(client, require_positive(timeout_s, "timeout_s"))
         self.key = key
-        self.capacity = require_positive("capacity", capacity)
-        self.refill_per_s = require_positive("refill_per_s", refill_per_s)
+        self.capacity = require_positive(capacity, "capacity")
+        self.refill_per_s = require_positive(refill_per_s, "refill_per_s")
         self.clock = clock
 
     def try_acquire(self, cost: float = 1.0) -> Decision:

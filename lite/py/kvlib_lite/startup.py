@@ -1,0 +1,69 @@
+"""Run by IPython when the browser's kernel starts (``PYTHONSTARTUP``, set by the site).
+
+- The learner's id: the challenges draw each learner's own numbers from it
+  (:func:`kvlib.grading.student_id` reads ``$KVLIB_STUDENT_ID``). The page asks for it
+  once (``student-id.js``, added to the site's JupyterLab page) and keeps it in
+  ``kvlib_student_id.txt`` at the top of the browser's file storage, which outlives the
+  tab; before each cell that uses kvlib while no id is set, the kernel reads that file.
+  A blank answer keeps the default ``self-study``, the id
+  ``make check`` uses when none is set.
+- A cell that imports numpy, matplotlib, torch or another package with no build this
+  site can serve prints one line naming the local install instead of a traceback.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from kvlib.grading import STUDENT_ENV
+
+__all__ = ["ID_FILE", "LOCAL_ONLY", "install", "local_only_message", "stored_id"]
+
+# The root of the browser's file storage as the kernel sees it (JupyterLite's DriveFS).
+ID_FILE = Path("/drive/kvlib_student_id.txt")
+# Packages the course uses that have no WebAssembly build on the package registries
+# the site is built from: the cells that import them run only in the local install.
+LOCAL_ONLY = frozenset(
+    {"numpy", "matplotlib", "torch", "transformers", "simpy", "redis", "scipy", "pandas"}
+)
+
+
+def local_only_message(module: str) -> str:
+    """The one line a cell prints when it imports a package the browser cannot have."""
+    return (f"this cell needs the local install: make lab ({module} has no build that "
+            "runs in the browser)")  # fmt: skip
+
+
+def stored_id() -> str:
+    """The id the page stored, or "" when there is none (yet)."""
+    try:
+        return ID_FILE.read_text(encoding="utf-8").strip()
+    except OSError:
+        return ""
+
+
+def _before_cell(info: Any) -> None:
+    """Before a cell that uses kvlib: take the stored id."""
+    if "kvlib" not in str(getattr(info, "raw_cell", "") or ""):
+        return
+    if not os.environ.get(STUDENT_ENV, "").strip():
+        student = stored_id()
+        if student:
+            os.environ[STUDENT_ENV] = student
+
+
+def _local_only(shell: Any, etype: type, value: BaseException, tb: Any,
+                tb_offset: int | None = None) -> Any:
+    name = str(getattr(value, "name", "") or "").split(".")[0]
+    if name in LOCAL_ONLY:
+        print(local_only_message(name))
+        return None
+    return shell.showtraceback((etype, value, tb), tb_offset=tb_offset)
+
+
+def install(shell: Any) -> None:
+    """Hook the two behaviours into IPython ``shell``."""
+    shell.events.register("pre_run_cell", _before_cell)
+    shell.set_custom_exc((ImportError,), _local_only)

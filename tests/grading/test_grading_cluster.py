@@ -1,0 +1,325 @@
+"""course.cluster: ``make grade ... SCHEDULER=`` on a real Dask cluster on loopback.
+
+A ``dask scheduler`` and two ``dask worker`` processes (one task at a time each,
+no nanny: a killed worker stays dead) are started on 127.0.0.1 for this module
+and stopped after it. One small class (honest, cheating, flooding and looping
+submissions, and one that needs repairing) is graded twice in two copies of
+one course: on this machine (``make grade``'s local pool) and on the cluster.
+The gradebooks must agree cell by cell, and ``grades.csv`` and the graded
+notebooks must be equal. Then a worker is killed in the middle of a batch.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import json
+import os
+import re
+import shutil
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from grading_support import (
+    ASSIGNMENT,
+    CHALLENGES,
+    NOTEBOOK,
+    POINTS,
+    RIGHT,
+    ROOT,
+    TOTAL,
+    grade_id,
+    grades,
+    read,
+    submission,
+    write,
+)
+from nbgrader.api import Gradebook
+
+from course.batch import main as make_grade
+from course.limits import Limits
+from course.scratch import make_course, run_nbgrader
+
+pytestmark = pytest.mark.notebooks
+
+MiB = 2**20
+LIMITS = Limits(memory_bytes=512 * MiB, output_bytes=64 * 1024, notebook_s=30)
+BIN = Path(sys.executable).parent
+LOSE_SEATS = TOTAL - POINTS["seats"]
+ALWAYS_EQUAL = (
+    "class Anything:\n    def __eq__(self, other):\n        return True\n"
+    "bytes_per_token = Anything()"
+)
+
+
+def _students(release: Path) -> dict[str, Any]:
+    pasted = submission(RIGHT, release)
+    index = [grade_id(c) for c in pasted.cells].index("answer_seats")
+    pasted.cells.insert(index, copy.deepcopy(pasted.cells[index]))
+    pasted.cells[index]["id"] = "pasted"
+    return {
+        "honest": submission(RIGHT, release),
+        "cheat": submission({**RIGHT, "answer_bytes_per_token": ALWAYS_EQUAL}, release),
+        "flood": submission(
+            {**RIGHT, "answer_seats": f"print('x' * 2_000_000)\n{RIGHT['answer_seats']}"}, release
+        ),
+        "loop": submission({**RIGHT, "answer_seats": "while True:\n    pass"}, release),
+        "pasted": pasted,
+    }
+
+
+SCORES = {
+    "honest": (TOTAL, ""),
+    "cheat": (TOTAL - POINTS["bytes_per_token"], ""),
+    "flood": (TOTAL, "output truncated"),
+    "loop": (LOSE_SEATS, "did not finish"),
+    "pasted": (TOTAL, "appeared 2 times"),
+}
+
+
+@dataclass
+class Cluster:
+    scheduler: str
+    workers: list[subprocess.Popen[bytes]]
+
+
+def _wait_for(predicate: Any, timeout_s: float, what: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{what} not ready after {timeout_s} s")
+        time.sleep(0.2)
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    folder = tmp_path_factory.mktemp("dask")
+    info = folder / "scheduler.json"
+    env = dict(os.environ, PATH=f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}")
+    processes: list[subprocess.Popen[bytes]] = []
+    with contextlib.ExitStack() as logs:
+
+        def start(name: str, *argv: str) -> subprocess.Popen[bytes]:
+            log = logs.enter_context(open(folder / f"{name}.log", "wb"))
+            process = subprocess.Popen([str(BIN / "dask"), *argv], env=env, cwd=folder,
+                                       stdout=subprocess.DEVNULL, stderr=log)
+            processes.append(process)
+            return process
+
+        try:
+            start("scheduler", "scheduler", "--host", "127.0.0.1", "--port", "0",
+                  "--no-dashboard", "--scheduler-file", str(info))
+            _wait_for(info.exists, 60, "the scheduler")
+            address = json.loads(info.read_text())["address"]
+            workers = [
+                start(f"worker{k}", "worker", address, "--nthreads", "1", "--no-nanny",
+                      "--no-dashboard", "--name", f"w{k}", "--host", "127.0.0.1")
+                for k in range(2)
+            ]
+            from distributed import Client
+
+            with Client(address, timeout=30) as client:
+                client.wait_for_workers(2, timeout=120)
+            yield Cluster(address, workers)
+        finally:
+            for process in reversed(processes):  # workers first, while the scheduler is up
+                process.send_signal(signal.SIGTERM)
+                try:
+                    process.wait(timeout=10)
+                except subprocess.TimeoutExpired:
+                    process.kill()
+                    process.wait()
+
+
+def _class_course(folder: Path) -> Path:
+    course = make_course(folder, ROOT, [ASSIGNMENT], timeout_s=3, limits=LIMITS)
+    run_nbgrader(course, "generate_assignment", ASSIGNMENT, "--force")
+    release = course / "exercises" / ASSIGNMENT / f"{NOTEBOOK}.ipynb"
+    for name, nb in _students(release).items():
+        write(nb, course / "submitted" / name / ASSIGNMENT / f"{NOTEBOOK}.ipynb")
+    return course
+
+
+def _copy(course: Path, target: Path) -> Path:
+    shutil.copytree(course, target)
+    config = (target / "nbgrader_config.py").read_text().replace(str(course), str(target))
+    (target / "nbgrader_config.py").write_text(config)
+    return target
+
+
+@dataclass
+class Runs:
+    local: Path
+    remote: Path
+    status: tuple[int, int]
+    output: str
+
+
+@pytest.fixture(scope="module")
+def runs(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Runs:
+    folder = tmp_path_factory.mktemp("two_places")
+    local = _class_course(folder / "local")
+    remote = _copy(local, folder / "remote")
+    here = os.getcwd()
+    try:
+        status_local = make_grade([ASSIGNMENT, "--jobs", "2", "--course", str(local)])
+        status_remote = make_grade([ASSIGNMENT, "--course", str(remote), "--scheduler",
+                                    cluster.scheduler])
+    finally:
+        os.chdir(here)
+    log = (remote / ".nbgrader.log").read_text()
+    return Runs(local, remote, (status_local, status_remote), log)
+
+
+def cell_scores(course: Path) -> dict[tuple[str, str], tuple[float, float | None]]:
+    with Gradebook(f"sqlite:///{course / 'gradebook.db'}") as gb:
+        return {
+            (nb.student.id, grade.name): (grade.score, grade.auto_score)
+            for submission in gb.find_assignment(ASSIGNMENT).submissions
+            for nb in submission.notebooks
+            for grade in nb.grades
+        }
+
+
+def test_both_batches_succeeded(runs: Runs) -> None:
+    assert runs.status == (0, 0)
+
+
+def test_scores_and_flags(runs: Runs) -> None:
+    rows = grades(runs.remote)
+    for student, (score, flag) in SCORES.items():
+        assert float(rows[student]["score"]) == score, (student, rows[student])
+        assert flag in rows[student]["flags"] and bool(flag) == bool(rows[student]["flags"])
+
+
+def test_same_grades_cell_by_cell(runs: Runs) -> None:
+    local = cell_scores(runs.local)
+    assert len(local) == len(SCORES) * len(CHALLENGES)
+    assert cell_scores(runs.remote) == local
+    assert grades(runs.remote) == grades(runs.local)
+
+
+def test_same_graded_notebooks_and_feedback(runs: Runs) -> None:
+    def view(course: Path, student: str) -> list[Any]:
+        nb = read(course / "autograded" / student / ASSIGNMENT / f"{NOTEBOOK}.ipynb")
+        return [(c.cell_type, c.source, c.get("outputs")) for c in nb.cells] + [
+            nb.metadata.get("kvlib")
+        ]
+
+    for student in SCORES:
+        assert view(runs.remote, student) == view(runs.local, student), student
+        html = runs.remote / "feedback" / student / ASSIGNMENT / f"{NOTEBOOK}.html"
+        assert "HIDDEN TESTS" not in html.read_text()
+
+
+def test_rerun_grades_only_what_is_missing(runs: Runs, cluster: Cluster,
+                                           capsys: pytest.CaptureFixture[str]) -> None:
+    """As after an interrupted client: graded students are skipped, a missing one graded."""
+    shutil.rmtree(runs.remote / "autograded" / "cheat")
+    before = grades(runs.remote)
+    here = os.getcwd()
+    try:
+        status = make_grade([ASSIGNMENT, "--course", str(runs.remote), "--scheduler",
+                             cluster.scheduler])
+    finally:
+        os.chdir(here)
+    out = capsys.readouterr().out
+    assert status == 0 and out.count("up to date") == len(SCORES) - 1
+    assert grades(runs.remote) == before
+
+
+def test_unreachable_scheduler_is_one_line(tmp_path: Path,
+                                           capsys: pytest.CaptureFixture[str]) -> None:
+    course = make_course(tmp_path / "course", ROOT, [ASSIGNMENT])
+    write(submission(RIGHT), course / "submitted" / "ann" / ASSIGNMENT / f"{NOTEBOOK}.ipynb")
+    address = "tcp://127.0.0.1:9"  # the discard port: nothing listens there
+    assert make_grade([ASSIGNMENT, "--course", str(course), "--scheduler", address]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and address in err and err.startswith("make grade:")
+    assert not (course / "gradebook.db").exists()  # nothing written before the cluster answered
+
+
+def test_a_worker_killed_mid_batch(cluster: Cluster, tmp_path: Path) -> None:
+    """Its task runs on the other worker; every student is graded exactly once."""
+    course = _class_course(tmp_path / "course")
+    env = dict(os.environ, PATH=f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}")
+    batch = subprocess.Popen(
+        [sys.executable, "-m", "course.batch", ASSIGNMENT, "--course", str(course),
+         "--scheduler", cluster.scheduler, "--no-feedback"],
+        cwd=course, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )
+    from distributed import Client
+
+    with Client(cluster.scheduler, timeout=30) as client:
+        _wait_for(lambda: any(client.processing().values()), 120, "a grading task")
+        victim = next(w for w in cluster.workers if w.poll() is None)
+        victim.kill()
+    out, _ = batch.communicate(timeout=600)
+    assert batch.returncode == 0, out
+    rows = grades(course)
+    assert {s: float(r["score"]) for s, r in rows.items()} == {
+        s: score for s, (score, _) in SCORES.items()
+    }
+    with sqlite3.connect(course / "gradebook.db") as db:
+        assert db.execute("PRAGMA integrity_check").fetchone() == ("ok",)
+        graded = db.execute("SELECT COUNT(*) FROM submitted_assignment").fetchone()[0]
+    assert graded == len(SCORES)
+
+
+def guide_commands() -> list[str]:
+    """Shell commands of the code blocks of the instructor guide's Dask section."""
+    guide = (ROOT / "book" / "instructor_guide.md").read_text()
+    section = guide.split("## Grading on a Dask cluster", 1)[1].split("\n## ", 1)[0]
+    blocks = re.findall(r"```bash\n(.*?)```", section, re.S)
+    return [line for block in blocks for line in block.splitlines() if line.strip()]
+
+
+def test_guide_shows_a_cluster_and_make_grade() -> None:
+    commands = guide_commands()
+    assert commands[-1] == f"make grade ASSIGNMENT={ASSIGNMENT} SCHEDULER=tcp://127.0.0.1:8786"
+    assert any(c.startswith(".venv/bin/dask scheduler") for c in commands)
+    assert any(c.startswith(".venv/bin/dask worker") for c in commands)
+
+
+def test_guide_commands_verbatim(tmp_path: Path) -> None:
+    """The guide's commands, as written, in a fresh copy of the course with a plain PATH:
+    a loopback cluster, and a class graded on it."""
+    from test_grading_readme import clone
+
+    course = tmp_path / "course"
+    clone(course)
+    release = course / "exercises" / ASSIGNMENT / f"{NOTEBOOK}.ipynb"
+    students = {"amara": submission(RIGHT, release),
+                "bo": submission({**RIGHT, "answer_seats": "seats = 1"}, release)}
+    for name, nb in students.items():
+        write(nb, course / "submitted" / name / ASSIGNMENT / f"{NOTEBOOK}.ipynb")
+    env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": os.environ.get("HOME", "/tmp"),
+           "LANG": "C.UTF-8"}
+    log = tmp_path / "commands.log"
+    # A file, not a pipe: the scheduler and workers left running would hold a pipe open.
+    with open(log, "wb") as out_file:
+        shell = subprocess.Popen(["bash", "-c", "\n".join(guide_commands())], cwd=course,
+                                 env=env, stdout=out_file, stderr=subprocess.STDOUT,
+                                 start_new_session=True)
+        try:
+            shell.wait(timeout=900)
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(shell.pid, signal.SIGTERM)  # the scheduler and workers it started
+    out = log.read_text()
+    assert shell.returncode == 0, out[-3000:]
+    assert "on the Dask cluster at tcp://127.0.0.1:8786" in out
+    rows = grades(course)
+    assert {s: float(r["score"]) for s, r in rows.items()} == {
+        "amara": TOTAL, "bo": TOTAL - POINTS["seats"]
+    }
+    for name in students:
+        assert (course / "feedback" / name / ASSIGNMENT / f"{NOTEBOOK}.html").is_file()

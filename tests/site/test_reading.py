@@ -1,0 +1,217 @@
+"""How the chapter pages read: code out of the reader's way, no wide text, no page scroll.
+
+The limits and the parsing are scripts/measure_pages.py's (run it for the figures):
+
+- from the page sources: at most CODE_LINE_LIMIT visible code lines on a page (pages
+  about code excepted), and a chapter median of at most MEDIAN_CODE_LINE_LIMIT;
+- from the built site (the one test_site.py builds): no line of text output wider than
+  TEXT_WIDTH_LIMIT characters;
+- in headless Chromium at 1300 and 390 px: the page never scrolls sideways (a wide
+  table or formula may scroll inside its own box).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import statistics
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from site_helpers import CHROMIUM, CHROMIUM_ARGS, ROOT, ensure_site, serve_directory
+
+sys.path.insert(0, str(ROOT / "scripts"))
+
+from measure_pages import (  # noqa: E402
+    CODE_LINE_LIMIT,
+    MEDIAN_CODE_LINE_LIMIT,
+    PAGES_ABOUT_CODE,
+    TEXT_WIDTH_LIMIT,
+    chapter_docnames,
+    chapter_of,
+    code_cells,
+    output_shape,
+    visible_code_lines,
+)
+
+PAGES = chapter_docnames((ROOT / "_toc.yml").read_text(encoding="utf-8"))
+CHAPTERS = sorted({chapter_of(d) for d in PAGES})
+WIDTHS = (1300, 390)
+
+
+def _source(docname: str) -> str:
+    return (ROOT / f"{docname}.md").read_text(encoding="utf-8")
+
+
+def test_the_parser_sees_tags_and_options() -> None:
+    """The measure counts what the page shows: tagged cells are out, blank lines too."""
+    page = (
+        "```{code-cell} ipython3\nx = 1\n\ny = 2\n```\n"
+        "```{code-cell} ipython3\n:tags: [hide-input]\nplot()\n```\n"
+        "```{code-cell} ipython3\n---\ntags: [remove-cell]\nmystnb:\n  figure:\n"
+        "    name: f\n---\nglue()\n```\n"
+        "```{code-cell} ipython3\n---\nmystnb:\n  figure:\n    name: g\n---\nshown()\n```\n"
+    )
+    cells = code_cells(page)
+    assert [sorted(c.tags) for c in cells] == [[], ["hide-input"], ["remove-cell"], []]
+    assert [c.source for c in cells] == ["x = 1\n\ny = 2", "plot()", "glue()", "shown()"]
+    assert visible_code_lines(page) == 3
+
+
+def test_every_chapter_is_measured() -> None:
+    assert len(CHAPTERS) >= 7 and len(PAGES) >= 7 * 5
+    missing = [d for d in PAGES if not (ROOT / f"{d}.md").is_file()]
+    assert not missing, missing
+
+
+@pytest.mark.parametrize("docname", PAGES)
+def test_visible_code_fits_a_page(docname: str) -> None:
+    if docname in PAGES_ABOUT_CODE:
+        pytest.skip("a page about code may show it")
+    lines = visible_code_lines(_source(docname))
+    assert lines <= CODE_LINE_LIMIT, (
+        f"{lines} visible code lines (limit {CODE_LINE_LIMIT}): move plotting, table "
+        "formatting and set-up behind `:tags: [hide-input]`, or into a small helper"
+    )
+
+
+@pytest.mark.parametrize("chapter", CHAPTERS)
+def test_chapter_median_code_lines(chapter: str) -> None:
+    lines = {d: visible_code_lines(_source(d)) for d in PAGES if chapter_of(d) == chapter}
+    median = statistics.median(lines.values())
+    assert median <= MEDIAN_CODE_LINE_LIMIT, (
+        f"median {median} visible code lines (limit {MEDIAN_CODE_LINE_LIMIT}): {lines}"
+    )
+
+
+@pytest.fixture(scope="module")
+def built_site() -> Path:
+    return ensure_site()
+
+
+@pytest.mark.site
+@pytest.mark.parametrize("docname", PAGES)
+def test_text_outputs_fit(built_site: Path, docname: str) -> None:
+    page = built_site / f"{docname}.html"
+    shape = output_shape(page.read_text(encoding="utf-8", errors="replace"))
+    assert shape.long_text_lines == 0, (
+        f"{shape.long_text_lines} text output line(s) over {TEXT_WIDTH_LIMIT} characters "
+        f"(longest {shape.longest_text_line}): print a table as a glued Markdown table, "
+        "or wrap the text"
+    )
+
+
+# After load and MathJax, how far the page reaches past the window's right edge, and the
+# elements that stick out (outside any box that scrolls on its own).
+OVERFLOW_JS = """
+async () => {
+  if (document.querySelector('.math')) {
+    const deadline = Date.now() + 20000;
+    while (!(window.MathJax && MathJax.startup && MathJax.startup.promise)
+           && Date.now() < deadline) {
+      await new Promise(r => setTimeout(r, 50));
+    }
+    if (window.MathJax && MathJax.startup) { await MathJax.startup.promise; }
+  }
+  await document.fonts.ready;
+  const root = document.documentElement;
+  const width = root.clientWidth;
+  const scrolls = e => {
+    for (let p = e.parentElement; p; p = p.parentElement) {
+      const s = getComputedStyle(p).overflowX;
+      if ((s === 'auto' || s === 'scroll' || s === 'hidden') && p !== document.body
+          && p !== root) { return true; }
+    }
+    return false;
+  };
+  const wide = Array.from(document.querySelectorAll('article *'))
+    .filter(e => e.getBoundingClientRect().right > width + 1 && !scrolls(e))
+    .slice(0, 5)
+    .map(e => e.tagName.toLowerCase() + (e.className ? '.' + String(e.className)
+      .split(' ')[0] : ''));
+  return {scrollWidth: root.scrollWidth, clientWidth: width, wide: wide};
+}
+"""
+
+
+@pytest.fixture(scope="module")
+def overflow(built_site: Path) -> Iterator[dict[tuple[str, int], dict[str, Any]]]:
+    """Every chapter page at each width in WIDTHS: how far it scrolls sideways."""
+    if not CHROMIUM.is_file():
+        pytest.fail(f"{CHROMIUM} is missing: run `make browser` (Debian's chromium)")
+    with serve_directory(built_site) as base_url:
+        yield asyncio.run(_measure_overflow(base_url))
+
+
+async def _measure_overflow(base_url: str) -> dict[tuple[str, int], dict[str, Any]]:
+    """Each page is loaded once, at the widest width, then narrowed in place: a second
+    load would typeset its math again for nothing."""
+    from playwright.async_api import async_playwright
+
+    found: dict[tuple[str, int], dict[str, Any]] = {}
+    slots = asyncio.Semaphore(4)
+    widest, *narrower = sorted(WIDTHS, reverse=True)
+    async with async_playwright() as playwright:
+        browser = await playwright.chromium.launch(
+            executable_path=str(CHROMIUM), args=CHROMIUM_ARGS, headless=True
+        )
+
+        async def guard(route: Any) -> None:
+            """Nothing leaves the machine: other hosts are refused, as in test_site.py."""
+            if route.request.url.startswith((base_url, "data:", "blob:", "about:")):
+                await route.continue_()
+            else:
+                await route.abort()
+
+        async def visit(context: Any, docname: str) -> None:
+            async with slots:
+                page = await context.new_page()
+                await page.goto(f"{base_url}{docname}.html", wait_until="load")
+                found[docname, widest] = await page.evaluate(OVERFLOW_JS)
+                for width in narrower:
+                    await page.set_viewport_size({"width": width, "height": 900})
+                    await page.wait_for_timeout(100)  # let the layout settle
+                    found[docname, width] = await page.evaluate(OVERFLOW_JS)
+                await page.close()
+
+        try:
+            context = await browser.new_context(viewport={"width": widest, "height": 900})
+            await context.route("**/*", guard)
+            await asyncio.gather(*(visit(context, d) for d in PAGES))
+            await context.close()
+        finally:
+            await browser.close()
+    return found
+
+
+@pytest.mark.site
+@pytest.mark.parametrize("width", WIDTHS)
+@pytest.mark.parametrize("docname", PAGES)
+def test_no_sideways_page_scroll(
+    overflow: dict[tuple[str, int], dict[str, Any]], docname: str, width: int
+) -> None:
+    seen = overflow[docname, width]
+    assert seen["scrollWidth"] <= seen["clientWidth"] + 1, (
+        f"the page is {seen['scrollWidth']} px wide in a {seen['clientWidth']} px window; "
+        f"sticking out: {seen['wide']}"
+    )
+
+
+def test_calculator_table_rows_are_the_commands_own() -> None:
+    """The calculator's HTML table holds the `kvlib size` table, split, not recomputed."""
+    sys.path.insert(0, str(ROOT / "book" / "calculator_assets"))
+    import kvcalc
+
+    result = kvcalc.compute({"model": "Llama-3.1-8B", "gpu": "H100-SXM", "context": "4096"})
+    assert result["status"] == 0, result
+    rows = result["rows"]
+    lines = [line for line in result["table"].splitlines() if line.strip()]
+    assert len(rows) == len(lines)
+    for (label, value), line in zip(rows, lines, strict=True):
+        assert line.split() == f"{label} {value}".split(), (line, label, value)
+        assert "  " not in label
+    seats = [value for label, value in rows if label.startswith("seats at")]
+    assert seats == [str(json.loads(result["json"])["seats"])]
