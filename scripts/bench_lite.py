@@ -43,7 +43,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT / "scripts"))
 
 import build_lite  # noqa: E402
-from site_helpers import CHROMIUM, CHROMIUM_ARGS  # noqa: E402
+from site_helpers import CHROMIUM, CHROMIUM_ARGS, browser_cpu_seconds  # noqa: E402
 
 DEFAULT_NOTEBOOK = "05_rate_limiting/rate_limiting.ipynb"
 # Nothing but the local server resolves: a request elsewhere fails at once, and is
@@ -215,36 +215,6 @@ def output_of(page: Any, grade_id: str, pattern: str) -> str:
         timeout=WAIT_MS,
     )
     return next(out for gid, _, out in cells(page) if gid == grade_id)
-
-
-def browser_cpu_seconds() -> float:
-    """CPU time used so far by the live Chromium processes this process started: a figure
-    that depends less than wall time on what else the machine runs."""
-    parents: dict[int, int] = {}
-    stats: dict[int, list[str]] = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            text = (entry / "stat").read_text()
-        except OSError:
-            continue
-        name = text[text.index("(") + 1 : text.rindex(")")]
-        rest = text[text.rindex(")") + 2 :].split()
-        parents[int(entry.name)] = int(rest[1])
-        if name.startswith(("chromium", "chrome")):
-            stats[int(entry.name)] = rest
-
-    def ours(pid: int) -> bool:
-        while pid > 1:
-            if pid == os.getpid():
-                return True
-            pid = parents.get(pid, 1)
-        return False
-
-    # Fields 14 and 15 of /proc/PID/stat: user and system time, in clock ticks.
-    ticks = sum(int(rest[11]) + int(rest[12]) for pid, rest in stats.items() if ours(pid))
-    return ticks / os.sysconf("SC_CLK_TCK")
 
 
 def site_bytes(site: Path) -> int:

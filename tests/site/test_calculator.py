@@ -25,7 +25,14 @@ from typing import Any
 from urllib.parse import parse_qsl, urlencode, urlsplit
 
 import pytest
-from site_helpers import CHROMIUM, CHROMIUM_ARGS, ROOT, ensure_site, serve_directory
+from site_helpers import (
+    CHROMIUM,
+    CHROMIUM_ARGS,
+    ROOT,
+    browser_cpu_seconds,
+    ensure_site,
+    serve_directory,
+)
 
 pytestmark = pytest.mark.site
 
@@ -59,34 +66,6 @@ def cli(args: list[str], cwd: Path = ROOT) -> tuple[int, dict[str, Any] | None, 
     lines = done.stderr.strip().splitlines()
     report = json.loads(done.stdout) if done.returncode == 0 else None
     return done.returncode, report, lines[-1] if lines else ""
-
-
-def _browser_cpu_seconds() -> float:
-    """CPU time used so far by the Chromium processes this test process started."""
-    parents: dict[int, int] = {}
-    stats: dict[int, list[str]] = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            text = (entry / "stat").read_text()
-        except OSError:
-            continue
-        name = text[text.index("(") + 1 : text.rindex(")")]
-        rest = text[text.rindex(")") + 2 :].split()
-        parents[int(entry.name)] = int(rest[1])
-        if name.startswith(("chromium", "chrome")):
-            stats[int(entry.name)] = rest
-
-    def ours(pid: int) -> bool:
-        while pid > 1:
-            if pid == os.getpid():
-                return True
-            pid = parents.get(pid, 1)
-        return False
-
-    ticks = sum(int(rest[11]) + int(rest[12]) for pid, rest in stats.items() if ours(pid))
-    return ticks / os.sysconf("SC_CLK_TCK")
 
 
 @dataclass
@@ -222,12 +201,12 @@ def calculator(html_dir: Path) -> Iterator[Calculator]:
         page.on("pageerror", lambda exc: calc.errors.append(str(exc)))
         page.on("console", lambda message: calc.console.append(f"{message.type}: {message.text}"))
         try:
-            cpu = _browser_cpu_seconds()
+            cpu = browser_cpu_seconds()
             start = time.perf_counter()
             page.goto(calc.url(DEEP_LINK), wait_until="commit")
             calc.wait(0)
             calc.timing["wall_s"] = time.perf_counter() - start
-            calc.timing["cpu_s"] = _browser_cpu_seconds() - cpu
+            calc.timing["cpu_s"] = browser_cpu_seconds() - cpu
             marks = page.evaluate(
                 "() => Object.fromEntries(performance.getEntriesByType('mark')"
                 ".map(m => [m.name, m.startTime]))"
