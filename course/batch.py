@@ -194,14 +194,16 @@ def grade_class_on_cluster(
     global _API
     from nbgrader.apps import NbGraderAPI
 
-    from course.cluster import grade_on_cluster, replaying
+    from course.cluster import grade_on_cluster
 
     os.chdir(root)
-    _API = NbGraderAPI(config=replaying(_course_config(root)))
+    _API = NbGraderAPI(config=_course_config(root))
     _API.log.setLevel(logging.INFO)
-    if message := _prepare(assignment):
-        print(message, flush=True)
     graded: list[Outcome] = []
+
+    def prepare() -> None:  # while the workers grade
+        if message := _prepare(assignment):
+            print(message, flush=True)
 
     def report(**fields: Any) -> None:
         graded.append(Outcome(**fields))
@@ -211,7 +213,7 @@ def grade_class_on_cluster(
 
     grade_on_cluster(
         client, root, assignment, students, force=force, feedback=feedback, api=_API,
-        report=report,
+        report=report, prepare=prepare,
     )
     _export()
     return graded

@@ -3,29 +3,39 @@
 The work splits where the state is:
 
 - a **worker** (:func:`grade_remotely`) gets bytes, never paths: one
-  student's submitted files, and the assignment (its ``solutions/`` and
-  ``exercises/`` files and the course's grading settings, sent once to each
-  worker). In a scratch course of its own it runs nbgrader's ``autograde``
-  and ``generate_feedback`` with the course's settings (sandbox, limits,
-  repair, hidden tests outside the kernel) and returns the graded notebooks
-  and the feedback files. It needs no shared file system and never sees the
-  course's gradebook.
+  student's submitted files (and the names of the links set aside from them),
+  and the assignment (its ``solutions/`` and ``exercises/`` files and the
+  course's grading settings, sent once to each worker). In one scratch course
+  per assignment, made on first use and kept, it runs nbgrader's
+  ``autograde`` and ``generate_feedback`` with the course's settings (sandbox,
+  limits, repair, hidden tests outside the kernel) and returns the graded
+  folder and the feedback files (the feedback page's templates compile once
+  per worker process, not once per student). It needs no shared file system
+  and never sees the course's gradebook.
 - the **client** (:func:`grade_on_cluster`, in ``make grade``) alone writes
-  the course: for each result, nbgrader's own ``autograde`` runs here with
-  the kernel step replaced by :class:`ReplayExecute`, which puts the outputs
-  the worker's kernel produced into the notebook instead of running it; so
-  the gradebook (SQLite, or ``$KVLIB_GRADEBOOK_URL``), ``autograded/`` and,
-  at the end, ``grades.csv`` are written by the same code as on one machine,
-  and the scores are the same cell by cell. Feedback pages come back built.
+  the course. It sends every task first, then puts the assignment in the
+  gradebook when it is missing, while the workers grade. For each result it
+  records, in one gradebook connection (SQLite,
+  or ``$KVLIB_GRADEBOOK_URL``), what nbgrader's ``autograde`` records: the
+  student and the submission with its timestamp, zero for a notebook not
+  submitted, then each graded notebook's scores by nbgrader's own
+  ``SaveAutoGrades`` (read from the graded notebook's outputs), its late
+  penalty by ``AssignLatePenalties`` and its flags; then it puts the graded
+  folder in ``autograded/`` and the feedback in ``feedback/``, and at the end
+  writes ``grades.csv``. The worker ran the same code as one machine does on
+  the same bytes, so the scores are the same cell by cell; no notebook is read,
+  repaired or converted twice.
 
 A worker that dies mid-task: the scheduler runs its tasks elsewhere, and the
-client writes only whole results, so every student is graded once. A client
+client writes only whole results (a graded folder appears by one rename,
+after its gradebook rows), so every student is graded once. A client
 interrupted: what it wrote is graded work, skipped on the next run (as
 ``nbgrader autograde`` skips it) unless ``--force``.
 """
 
 from __future__ import annotations
 
+import atexit
 import glob
 import hashlib
 import json
@@ -40,26 +50,30 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from nbformat import NotebookNode
-from nbgrader.preprocessors import NbGraderPreprocessor
-
-from course.flags import add_flag, flags_of
+import jinja2
+from nbconvert.exporters import HTMLExporter
 
 __all__ = [
     "SCHEDULER_ENV",
     "Assignment",
     "Graded",
-    "ReplayExecute",
+    "Recorder",
     "SchedulerUnreachable",
+    "TemplateCachingHTMLExporter",
     "assignment_bundle",
+    "connect",
     "grade_on_cluster",
     "grade_remotely",
+    "results",
+    "submit",
 ]
 
 SCHEDULER_ENV = "KVLIB_DASK_SCHEDULER"
 # Sections of the course's nbgrader settings a worker must apply as the course does.
 _SETTINGS = ("Execute", "VerifiedExecute", "SandboxedKernelManager")
-_CONNECT_TIMEOUT_S = 20  # a scheduler started a moment ago, on a busy machine
+# A scheduler answers a connection on loopback or a LAN in milliseconds; a busy one that
+# was started a moment ago, within a few seconds. Past this, it is not there.
+CONNECT_TIMEOUT_S = 5
 
 
 class SchedulerUnreachable(RuntimeError):
@@ -94,10 +108,17 @@ class Graded:
     success: bool
     log: str
     error: str = ""
-    notebooks: dict[str, bytes] = field(default_factory=dict)  # name.ipynb -> graded notebook
+    graded: dict[str, bytes] = field(default_factory=dict)  # the autograded folder's files
+    modes: dict[str, int] = field(default_factory=dict)  # their permission bits
     feedback: dict[str, bytes] = field(default_factory=dict)  # relative path -> file
     worker_s: float = 0.0
     worker_cpu_s: float = 0.0
+
+    @property
+    def notebooks(self) -> dict[str, bytes]:
+        """The graded notebooks at the top of the folder, by file name."""
+        return {p: data for p, data in self.graded.items()
+                if p.endswith(".ipynb") and "/" not in p}
 
 
 def _files(folder: Path, ignore: tuple[str, ...] = (".ipynb_checkpoints", "__pycache__")) -> dict[
@@ -130,6 +151,36 @@ def assignment_bundle(root: Path, assignment: str, config: Any) -> Assignment:
 
 # ---- the worker side -------------------------------------------------------------------
 
+
+class _TemplateBytecode(jinja2.BytecodeCache):
+    """Compiled Jinja templates kept in this process, keyed by name and source checksum."""
+
+    def __init__(self) -> None:
+        self._compiled: dict[str, bytes] = {}
+
+    def load_bytecode(self, bucket: jinja2.bccache.Bucket) -> None:
+        if bucket.key in self._compiled:
+            bucket.bytecode_from_string(self._compiled[bucket.key])
+
+    def dump_bytecode(self, bucket: jinja2.bccache.Bucket) -> None:
+        self._compiled[bucket.key] = bucket.bytecode_to_string()
+
+
+_TEMPLATES = _TemplateBytecode()
+
+
+class TemplateCachingHTMLExporter(HTMLExporter):
+    """nbconvert's HTML exporter whose templates compile once per process, not once per
+    feedback run: nbgrader makes a new exporter for every ``generate_feedback``, and a worker
+    runs one per student. Jinja still reads each template's source and recompiles it when
+    the source changed (the cache key holds its checksum); the pages are the same."""
+
+    def _create_environment(self) -> jinja2.Environment:
+        environment: jinja2.Environment = super()._create_environment()  # type: ignore[no-untyped-call]
+        environment.bytecode_cache = _TEMPLATES
+        return environment
+
+
 _SCRATCH_CONFIG = '''"""A worker's scratch course: the course's settings, its own gradebook."""
 
 import json
@@ -137,11 +188,13 @@ import json
 from traitlets.config import Config
 
 from course.autograde import configure
+from course.cluster import TemplateCachingHTMLExporter
 
 c = get_config()  # noqa: F821
 configure(c, {root!r}, db_url={db_url!r})
 c.merge(Config(json.loads({settings!r})))
 c.SandboxedKernelManager.course_root = {root!r}
+c.GenerateFeedback.exporter_class = TemplateCachingHTMLExporter
 '''
 _SCRATCH: dict[str, tuple[Path, Any]] = {}  # digest -> (course folder, nbgrader API)
 # One student at a time per worker process, whatever its --nthreads: grading changes the
@@ -158,14 +211,29 @@ def _write(folder: Path, files: dict[str, bytes]) -> None:
         path.write_bytes(data)
 
 
+def _worker_folder() -> str | None:
+    """The running Dask worker's own folder: Dask removes it when the worker stops, and a
+    worker started later on the machine removes one a killed worker left. None outside a
+    worker (the system's temporary folder is used)."""
+    try:
+        from distributed import get_worker
+
+        folder: str = get_worker().local_directory
+        return folder
+    except (ImportError, ValueError):
+        return None
+
+
 def _scratch(assignment: Assignment) -> tuple[Path, Any]:
     """This worker process's course for ``assignment``, made (and the assignment put in its
-    gradebook) on first use."""
+    gradebook) on first use, then kept for every student of the assignment."""
     if assignment.digest in _SCRATCH:
         return _SCRATCH[assignment.digest]
     from course.scratch import nbgrader_api, scripts_on_path
 
-    root = Path(tempfile.mkdtemp(prefix=f"kvlib-worker-{assignment.digest}-"))
+    root = Path(tempfile.mkdtemp(prefix=f"kvlib-worker-{assignment.digest}-",
+                                 dir=_worker_folder()))
+    atexit.register(shutil.rmtree, root, True)  # when the process ends (ignoring errors)
     _write(root / "solutions" / assignment.name, assignment.source)
     _write(root / "exercises" / assignment.name, assignment.release)
     (root / "nbgrader_config.py").write_text(_SCRATCH_CONFIG.format(
@@ -182,16 +250,37 @@ def _scratch(assignment: Assignment) -> tuple[Path, Any]:
 
 
 def grade_remotely(
-    assignment: Assignment, student: str, submitted: dict[str, bytes], feedback: bool = True
+    assignment: Assignment,
+    student: str,
+    submitted: dict[str, bytes],
+    feedback: bool = True,
+    set_aside: tuple[str, ...] = (),
 ) -> Graded:
-    """Autograde one student (and give feedback) in this worker's scratch course."""
+    """Autograde one student (and give feedback) in this worker's scratch course.
+
+    ``set_aside``: the paths of the submission that were links or special files on the
+    client (never sent): they are flagged here as there (:mod:`course.intake`).
+    """
     with _ONE_AT_A_TIME:
-        return _grade_here(assignment, student, submitted, feedback)
+        return _grade_here(assignment, student, submitted, feedback, set_aside)
+
+
+def _stand_ins(folder: Path, relatives: tuple[str, ...]) -> None:
+    """A dangling link for each path in ``folder`` (the scratch course's ``.links``): what the
+    repairing reader looks for, pointing nowhere."""
+    for relative in relatives:
+        link = folder / relative
+        if not link.parent.resolve().is_relative_to(folder.resolve()):
+            raise ValueError(f"a set-aside path outside its folder: {relative!r}")
+        link.parent.mkdir(parents=True, exist_ok=True)
+        os.symlink("set-aside-on-the-grading-client", link)
 
 
 def _grade_here(
-    assignment: Assignment, student: str, submitted: dict[str, bytes], feedback: bool
+    assignment: Assignment, student: str, submitted: dict[str, bytes], feedback: bool,
+    set_aside: tuple[str, ...],
 ) -> Graded:
+    from course.repair import SET_ASIDE
     from course.scratch import scripts_on_path
 
     start, cpu = time.perf_counter(), time.process_time()
@@ -200,6 +289,7 @@ def _grade_here(
     for folder in ("submitted", "autograded", "feedback"):
         shutil.rmtree(root / folder / student, ignore_errors=True)
     _write(root / "submitted" / student / assignment.name, submitted)
+    _stand_ins(root / "submitted" / student / SET_ASIDE / assignment.name, set_aside)
     escaped = glob.escape(student)  # nbgrader globs the student id
     with scripts_on_path():
         graded = api.autograde(assignment.name, escaped, force=True, create=True)
@@ -209,12 +299,14 @@ def _grade_here(
             given = api.generate_feedback(assignment.name, escaped, force=True)
             log += str(given.get("log") or "")
     out = root / "autograded" / student / assignment.name
+    files = _files(out, ignore=())
     return Graded(
         student=student,
         success=bool(graded.get("success")) and bool(given.get("success")),
         log=log,
         error=str(graded.get("error") or given.get("error") or ""),
-        notebooks={p.name: p.read_bytes() for p in sorted(out.glob("*.ipynb"))},
+        graded=files,
+        modes={p: (out / p).stat().st_mode & 0o7777 for p in files},
         feedback=_files(root / "feedback" / student / assignment.name),
         worker_s=time.perf_counter() - start,
         worker_cpu_s=time.process_time() - cpu,
@@ -224,56 +316,15 @@ def _grade_here(
 # ---- the client side -------------------------------------------------------------------
 
 
-class ReplayExecute(NbGraderPreprocessor):  # type: ignore[misc]
-    """Autograde's kernel step on the client: the outputs and flags of the notebook a worker
-    graded (:attr:`graded`, by student and notebook) instead of running any code."""
-
-    graded: dict[tuple[str, str], NotebookNode] = {}
-
-    def preprocess(
-        self, nb: NotebookNode, resources: dict[str, Any]
-    ) -> tuple[NotebookNode, dict[str, Any]]:
-        info = resources["nbgrader"]
-        ran = self.graded.pop((info["student"], info["notebook"]))
-        if [c.get("id") for c in ran.cells] != [c.get("id") for c in nb.cells]:
-            raise ValueError(f"the notebook graded remotely for {info['student']} does not "
-                             "match the submission read here")
-        for cell, done in zip(nb.cells, ran.cells, strict=True):
-            if cell.cell_type == "code":
-                cell.outputs = done.get("outputs", [])
-                cell.execution_count = done.get("execution_count")
-        # The worker's flags are the same repairs as here (same bytes, same release), then
-        # what its kernel did; links were set aside here only, so this side's repairs lead.
-        mine = flags_of(nb)
-        added = list(flags_of(ran))
-        for flag in mine:
-            if flag in added:
-                added.remove(flag)
-        for flag in added:
-            add_flag(nb, flag)
-        return nb, resources
-
-
-def replaying(config: Any) -> Any:
-    """``config`` with autograde's executing step replaced by :class:`ReplayExecute`."""
-    from course.execute import VerifiedExecute
-
-    steps = list(config.Autograde.autograde_preprocessors)
-    config.Autograde.autograde_preprocessors = [
-        ReplayExecute if step is VerifiedExecute else step for step in steps
-    ]
-    return config
-
-
 def connect(address: str) -> Any:
     """A Dask client on the scheduler at ``address``, or :class:`SchedulerUnreachable`."""
     from distributed import Client
 
     try:
-        return Client(address, timeout=_CONNECT_TIMEOUT_S, set_as_default=False)  # type: ignore[no-untyped-call]
-    except (OSError, TimeoutError) as err:
+        return Client(address, timeout=CONNECT_TIMEOUT_S, set_as_default=False)  # type: ignore[no-untyped-call]
+    except (OSError, TimeoutError, ValueError) as err:
         raise SchedulerUnreachable(
-            f"no Dask scheduler answered at {address} within {_CONNECT_TIMEOUT_S} s "
+            f"no Dask scheduler answered at {address} within {CONNECT_TIMEOUT_S} s "
             f"({type(err).__name__}); start one (dask scheduler) or check the address"
         ) from None
 
@@ -289,82 +340,206 @@ def up_to_date(coursedir: Any, assignment: str, student: str, notebooks: list[st
     return not (new is not None and old is not None and new > old)
 
 
-def results(
-    client: Any, assignment: Assignment, submissions: dict[str, dict[str, bytes]], feedback: bool
-) -> Iterator[Graded]:
-    """Grade every submission on the cluster; results as they complete. A task whose worker
-    died is run again elsewhere by the scheduler; one that raised is a failed result."""
-    from distributed import as_completed
+@dataclass(frozen=True)
+class Task:
+    """One student's share of the work: the files sent, and the paths set aside."""
 
+    files: dict[str, bytes]
+    set_aside: tuple[str, ...]
+
+
+def task_of(root: Path, assignment: str, student: str) -> Task:
+    """What is sent for ``student``: the submission's regular files, and the names of its
+    links and special files (still in place, or set aside by ``make grade``)."""
+    from course.repair import SET_ASIDE, unsafe_files
+
+    folder = root / "submitted" / student / assignment
+    aside = folder.parent / SET_ASIDE / assignment
+    names = {str(p) for p in unsafe_files(folder)} | {str(p) for p in unsafe_files(aside)}
+    return Task(_files(folder), tuple(sorted(names)))
+
+
+def submit(
+    client: Any, assignment: Assignment, tasks: dict[str, Task], feedback: bool
+) -> dict[Any, str]:
+    """Send every submission to the cluster; the futures, by student. The workers start at
+    once, while this process goes on (the assignment is sent to each worker once)."""
     shared = client.scatter(assignment, broadcast=True)
     batch = uuid.uuid4().hex[:8]
-    futures = {
-        client.submit(grade_remotely, shared, student, files, feedback, pure=False,
-                      key=f"grade-{assignment.name}-{student}-{batch}"): student
-        for student, files in submissions.items()
+    return {
+        client.submit(grade_remotely, shared, student, task.files, feedback, task.set_aside,
+                      pure=False, key=f"grade-{assignment.name}-{student}-{batch}"): student
+        for student, task in tasks.items()
     }
+
+
+def results(client: Any, futures: dict[Any, str]) -> Iterator[Graded]:
+    """The results of :func:`submit`'s futures, as they complete. A task whose worker died is
+    run again elsewhere by the scheduler; one that raised is a failed result."""
+    from distributed import as_completed
+
     for future in as_completed(futures, loop=client.loop):  # type: ignore[no-untyped-call]
         try:
             yield future.result()
         except Exception as err:  # the task raised on its worker, or lost too many workers
             yield Graded(futures[future], False, "", f"{type(err).__name__}: {err}")
+        finally:
+            future.release()  # the result's bytes are not kept on the cluster once read
 
 
-def write_feedback(root: Path, assignment: str, graded: Graded) -> None:
-    folder = root / "feedback" / graded.student / assignment
-    shutil.rmtree(folder, ignore_errors=True)
-    _write(folder, graded.feedback)
+def _replace_folder(folder: Path, files: dict[str, bytes], modes: dict[str, int]) -> None:
+    """``folder`` holding exactly ``files``: written beside it, then renamed into place, so a
+    reader (or a rerun after a crash) sees the old folder or the whole new one."""
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    partial = folder.parent / f".{folder.name}.partial-{uuid.uuid4().hex[:8]}"
+    partial.mkdir()  # the umask's mode, as nbgrader's own folders
+    try:
+        _write(partial, files)
+        for relative, mode in modes.items():
+            os.chmod(partial / relative, mode)
+        if folder.exists():
+            shutil.rmtree(folder)
+        os.rename(partial, folder)
+    finally:
+        shutil.rmtree(partial, ignore_errors=True)
+
+
+class Recorder:
+    """The client's writes for each result, in one gradebook connection: nbgrader's
+    ``autograde`` bookkeeping, without reading, repairing or converting a notebook again.
+
+    ``api``: nbgrader's API on the course (its directories, settings and logger).
+    """
+
+    def __init__(self, api: Any) -> None:
+        from nbgrader.api import Gradebook
+        from nbgrader.preprocessors import AssignLatePenalties, SaveAutoGrades
+
+        self.api = api
+        self.coursedir = api.coursedir
+        self.gradebook = Gradebook(self.coursedir.db_url, self.coursedir.course_id)
+        self.scores = SaveAutoGrades(parent=api)
+        self.late = AssignLatePenalties(parent=api)
+        self.late.init_plugin()
+
+    def close(self) -> None:
+        self.gradebook.close()
+
+    def __enter__(self) -> Recorder:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()
+
+    def record(self, assignment: str, graded: Graded, feedback: bool) -> None:
+        """``graded`` into the gradebook, ``autograded/`` and (when asked) ``feedback/``."""
+        import nbformat
+
+        notebooks = {
+            Path(name).stem: nbformat.reads(data.decode("utf-8"), as_version=4)  # type: ignore[no-untyped-call]
+            for name, data in graded.notebooks.items()
+        }
+        try:
+            self._submission(assignment, graded.student)
+            known = {n.name for n in self.gradebook.find_assignment(assignment).notebooks}
+            for name, nb in notebooks.items():
+                if name in known:  # as autograde, which skips a notebook it does not know
+                    self._notebook(assignment, graded.student, name, nb)
+        except Exception:
+            self.gradebook.db.rollback()
+            raise
+        dest = self.coursedir.format_path(self.coursedir.autograded_directory, graded.student,
+                                          assignment)
+        _replace_folder(Path(dest), graded.graded, graded.modes)
+        if feedback:
+            folder = self.coursedir.format_path(self.coursedir.feedback_directory,
+                                                graded.student, assignment)
+            _replace_folder(Path(folder), graded.feedback, {})
+
+    def _submission(self, assignment: str, student: str) -> None:
+        """nbgrader ``Autograde.init_assignment``'s rows: the student, the submission and its
+        timestamp, and zero for each notebook of the assignment not submitted."""
+        gb = self.gradebook
+        gb.update_or_create_student(student)
+        src = self.coursedir.format_path(self.coursedir.submitted_directory, student, assignment)
+        timestamp = self.coursedir.get_existing_timestamp(src)
+        if timestamp:
+            gb.update_or_create_submission(assignment, student, timestamp=timestamp)
+        else:
+            gb.update_or_create_submission(assignment, student)
+        for notebook in gb.find_assignment(assignment).notebooks:
+            if not os.path.exists(os.path.join(src, f"{notebook.name}.ipynb")):
+                for grade in gb.find_submission_notebook(notebook.name, assignment,
+                                                         student).grades:
+                    grade.auto_score = 0
+                    grade.needs_manual_grade = False
+                gb.db.commit()
+
+    def _notebook(self, assignment: str, student: str, name: str, nb: Any) -> None:
+        """One graded notebook's rows: nbgrader's ``SaveAutoGrades`` (scores from the cells'
+        outputs, comments), ``AssignLatePenalties``' rule, and the course's flagged mark."""
+        from nbconvert.preprocessors import Preprocessor
+
+        from course.flags import flags_of
+
+        gb = self.gradebook
+        resources = {"nbgrader": {"student": student, "assignment": assignment,
+                                  "notebook": name, "db_url": self.coursedir.db_url}}
+        scores = self.scores
+        scores.notebook_id, scores.assignment_id, scores.student_id = name, assignment, student
+        scores.gradebook = gb
+        # SaveAutoGrades.preprocess less its own connection: nbconvert's per-cell pass, which
+        # calls SaveAutoGrades.preprocess_cell on each cell.
+        Preprocessor.preprocess(scores, nb, resources)  # type: ignore[no-untyped-call]
+        submission = gb.find_submission(assignment, student)
+        notebook = gb.find_submission_notebook(name, assignment, student)
+        notebook.late_submission_penalty = None
+        if submission.total_seconds_late > 0:
+            penalty = self.late.plugin_inst.late_submission_penalty(
+                student, notebook.score, submission.total_seconds_late)
+            if penalty is not None:
+                notebook.late_submission_penalty = self.late._check_late_penalty(notebook,
+                                                                                 penalty)
+        notebook.flagged = bool(flags_of(nb))
+        gb.db.commit()
 
 
 def grade_on_cluster(
     client: Any, root: Path, assignment: str, students: list[str], *, force: bool,
-    feedback: bool, api: Any, report: Any,
+    feedback: bool, api: Any, report: Any, prepare: Any = None,
 ) -> None:
     """Grade ``students`` on the cluster of ``client``; this process writes the course.
 
-    ``api`` is nbgrader's API on the course with :func:`replaying` settings. Each student's
-    outcome goes to ``report(student=, success=, skipped=, seconds=, error=, log=)``.
+    ``api`` is nbgrader's API on the course. ``prepare()``, when given, puts the assignment
+    in the gradebook: it runs while the workers grade, before the first result is written.
+    Each student's outcome goes to ``report(student=, success=, skipped=, seconds=, error=,
+    log=)``.
     """
-    from nbgrader.api import Gradebook
-
-    with Gradebook(api.coursedir.db_url) as gb:
-        notebooks = [f"{n.name}.ipynb" for n in gb.find_assignment(assignment).notebooks]
+    # The assignment's notebooks, as generate_assignment puts them in the gradebook.
+    notebooks = sorted(p.name for p in (root / "solutions" / assignment).glob("*.ipynb"))
     todo = {}
     for student in students:
         if not force and up_to_date(api.coursedir, assignment, student, notebooks):
             report(student=student, success=True, skipped=True, seconds=0.0, error="", log="")
             continue
-        todo[student] = _files(root / "submitted" / student / assignment)
-    bundle = assignment_bundle(root, assignment, api.config)
-    for graded in results(client, bundle, todo, feedback):
-        report(**_record(root, assignment, graded, api, feedback))
+        todo[student] = task_of(root, assignment, student)
+    futures = submit(client, assignment_bundle(root, assignment, api.config), todo, feedback)
+    if prepare is not None:
+        prepare()
+    with Recorder(api) as recorder:
+        for graded in results(client, futures):
+            report(**_record(recorder, assignment, graded, feedback))
 
 
-def _record(
-    root: Path, assignment: str, graded: Graded, api: Any, feedback: bool
-) -> dict[str, Any]:
-    """Write one worker's result into the course: gradebook and ``autograded/`` (nbgrader's
-    autograde, replaying), then ``feedback/``. Returns the student's outcome."""
-    import nbformat
-
+def _record(recorder: Recorder, assignment: str, graded: Graded, feedback: bool) -> dict[str, Any]:
+    """Write one worker's result into the course; the student's outcome."""
     start = time.perf_counter()
-    if not graded.success:
-        return dict(student=graded.student, success=False, skipped=False,
-                    seconds=graded.worker_s, error=graded.error, log=graded.log)
-    for name, data in graded.notebooks.items():
-        nb = nbformat.reads(data.decode("utf-8"), as_version=4)  # type: ignore[no-untyped-call]
-        ReplayExecute.graded[(graded.student, Path(name).stem)] = nb
-    result = api.autograde(assignment, glob.escape(graded.student), force=True, create=True)
-    for key in [k for k in ReplayExecute.graded if k[0] == graded.student]:
-        del ReplayExecute.graded[key]  # a notebook the client did not read (it failed)
-    ok = bool(result.get("success"))
-    if ok and feedback:
-        write_feedback(root, assignment, graded)
-    return dict(
-        student=graded.student,
-        success=ok,
-        skipped=False,
-        seconds=graded.worker_s + time.perf_counter() - start,
-        error=str(result.get("error") or ""),
-        log=graded.log + str(result.get("log") or ""),
-    )
+    outcome = dict(student=graded.student, success=graded.success, skipped=False,
+                   error=graded.error, log=graded.log)
+    if graded.success:
+        try:
+            recorder.record(assignment, graded, feedback)
+        except Exception as err:  # one result that cannot be written does not stop the batch
+            outcome.update(success=False, error=f"recording the result failed: "
+                                                f"{type(err).__name__}: {err}")
+    return dict(outcome, seconds=graded.worker_s + time.perf_counter() - start)

@@ -19,6 +19,7 @@ extra to install.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -26,6 +27,7 @@ import shutil
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -36,6 +38,8 @@ __all__ = [
     "Report",
     "SelfCheckError",
     "check_notebook",
+    "print_check",
+    "this_notebook",
     "format_report",
     "grade",
     "grader_installed",
@@ -72,6 +76,13 @@ class Report:
     score: float
     max_score: float
     challenges: list[Challenge]
+
+    @classmethod
+    def of(cls, assignment: str, notebook: str, challenges: list[Challenge]) -> Report:
+        """The report whose score and maximum are its challenges' sums."""
+        score = sum(c.score for c in challenges)
+        max_score = sum(c.max_score for c in challenges)
+        return cls(assignment, notebook, score, max_score, challenges)
 
     def to_json(self) -> dict[str, Any]:
         """The documented JSON shape (assignment and notebook names left out)."""
@@ -175,13 +186,7 @@ def grade(notebook: str | Path, *, timeout_s: int = 30) -> Report:
             grade_id = cell.metadata["nbgrader"]["grade_id"]
             score, max_score = scores[grade_id]
             challenges.append(Challenge(grade_id, score, max_score, _hint(cell)))
-    return Report(
-        assignment=assignment,
-        notebook=name,
-        score=sum(c.score for c in challenges),
-        max_score=sum(c.max_score for c in challenges),
-        challenges=challenges,
-    )
+    return Report.of(assignment, name, challenges)
 
 
 def format_report(report: Report) -> str:
@@ -205,19 +210,18 @@ def grader_installed() -> bool:
     return all(importlib.util.find_spec(m) is not None for m in ("nbgrader", "nbformat"))
 
 
-def _this_notebook() -> Path | None:
+def this_notebook() -> Path | None:
     """The notebook this kernel runs: Jupyter names it in ``$JPY_SESSION_NAME``; else the
-    most recently saved notebook here that has the self-check cell."""
+    most recently saved notebook here that has the self-check cell (in the browser, the
+    kernel runs in the notebook's folder of the browser's storage)."""
     session = os.environ.get("JPY_SESSION_NAME", "")
     if session.endswith(".ipynb") and Path(session).is_file():
         return Path(session)
     found = []
     for path in Path.cwd().glob("*.ipynb"):
-        try:
+        with contextlib.suppress(OSError):
             if '"self_check"' in path.read_text(encoding="utf-8", errors="replace"):
                 found.append(path)
-        except OSError:
-            continue
     return max(found, key=lambda p: p.stat().st_mtime) if found else None
 
 
@@ -226,15 +230,29 @@ def check_notebook(notebook: str | os.PathLike[str] | None = None) -> None:
     if not grader_installed():
         print(f"kvlib grade: {MISSING_GRADER}")
         return
-    path = Path(notebook) if notebook is not None else _this_notebook()
+    print_check(notebook, grade, SelfCheckError)
+
+
+def print_check(
+    notebook: str | os.PathLike[str] | None,
+    grade_saved: Callable[[Path], Report],
+    refusals: type[Exception] | tuple[type[Exception], ...],
+) -> None:
+    """What the "Check your work" cell prints, wherever it grades (here with nbgrader, in
+    the browser without): which saved copy is graded, then the report, or one line saying
+    why it cannot be (``refusals``: the errors ``grade_saved`` raises for such a copy)."""
+    path = Path(notebook) if notebook is not None else this_notebook()
     if path is None:
         print("kvlib grade: cannot tell which notebook this is; call check_notebook('name.ipynb')")
+        return
+    if not path.is_file():
+        print(f"kvlib grade: no notebook is saved at {path}; save it, or name the saved one")
         return
     saved = time.strftime("%H:%M:%S", time.localtime(path.stat().st_mtime))
     print(f"Grading {path.name} as saved at {saved} ...", flush=True)
     try:
-        report = grade(path)
-    except SelfCheckError as err:
+        report = grade_saved(path)
+    except refusals as err:
         print(f"kvlib grade: {err}")
         return
     print(format_report(report))

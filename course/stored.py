@@ -110,7 +110,10 @@ class _Scanner:
         self.unescaped += _unescaped(self.buf[boundary:])
         return True
 
-    def keep(self, data: bytes | bytearray | memoryview) -> None:
+    def keep(self, data: bytes | bytearray) -> None:
+        # A copy (a slice of the buffer), never a memoryview of it: a view that outlived this
+        # call would forbid resizing the buffer, and a sampling profiler (a Dask worker runs
+        # one) can keep a finished call's frame, and so its arguments, alive a while.
         self.kept += data
         if len(self.kept) > self.limit_bytes:
             raise KeptTooLarge(f"more than {self.limit_bytes} bytes without outputs")
@@ -207,19 +210,19 @@ class _Scanner:
         while True:
             found = _STRUCTURE.search(self.buf, self.pos)
             if found is None:  # numbers, literals and spaces, up to the chunk's end
-                self.keep(memoryview(self.buf)[self.pos :])
+                self.keep(self.buf[self.pos :])
                 self.pos = len(self.buf)
                 if not self.fill():
                     break
                 continue
             at, char = found.start(), self.buf[found.start()]
-            self.keep(memoryview(self.buf)[self.pos : at + 1])
+            self.keep(self.buf[self.pos : at + 1])
             self.pos = at + 1
             frame = stack[-1] if stack else None
             if char == _QUOTE:
                 end = self.string_end(keeping=True)
                 if end is None:
-                    self.keep(memoryview(self.buf)[self.pos :])
+                    self.keep(self.buf[self.pos :])
                     break
                 text = self.buf[self.pos : end]
                 self.keep(text)

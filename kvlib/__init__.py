@@ -37,11 +37,10 @@ Chapter 4, quantization:
     kvlib.nn.recall
 
 Chapter 5, rate limiting and queues:
-    kvlib.serving (bucket, confidence, erlang, priority, queueing, retries, simulate, slots)
-    kvlib.serving.ratelimit (atomic, connection, naive)
+    kvlib.serving (bucket, erlang, queueing, ratelimit, retries, simulate, slots)
 
-Chapter 6, timing:
-    kvlib.timing (devices, harness, records, roofline, workloads)
+Chapter 6, timing (the harness, ``bench``, is the package itself):
+    kvlib.timing (devices, records, roofline, workloads)
 
 Chapter 7, the capstone:
     kvlib.capacity (assessment, crossover, examples, remedies, scenario, symptoms)
@@ -54,8 +53,7 @@ Grading, what a graded notebook imports (standard library only):
 The command line (``kvlib size``, ``kvlib bench``, ...):
     kvlib.cli
     kvlib.__main__
-    kvlib.commands (bench, bench_render, engine_bench, grade, queue, size, size_render,
-        size_report)
+    kvlib.commands (bench, engine_bench, grade, queue, size)
 """
 
 __version__ = "0.1.0"

@@ -1,8 +1,4 @@
-"""The ``kvlib`` command line: dispatch only.
-
-Each subcommand lives in its own module of :mod:`kvlib.commands` (``size``,
-``grade``, ...), which registers its parser and its handler.
-"""
+"""The ``kvlib`` command line: dispatch only, to the modules of :mod:`kvlib.commands`."""
 
 from __future__ import annotations
 

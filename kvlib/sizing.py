@@ -49,12 +49,9 @@ def kv_bytes_per_token_dense(
     ``bytes_per_element`` may be 0.5 for a 4-bit cache. For example
     ``kv_bytes_per_token_dense(40, 8, 128, 2) == 163840`` (160 KiB).
     """
-    for name, value in (
-        ("num_layers", num_layers),
-        ("num_kv_heads", num_kv_heads),
-        ("head_dim", head_dim),
-    ):
-        require_int(value, name, 1)
+    require_int(num_layers, "num_layers", 1)
+    require_int(num_kv_heads, "num_kv_heads", 1)
+    require_int(head_dim, "head_dim", 1)
     if not bytes_per_element > 0:
         raise ValueError(f"bytes_per_element must be positive, got {bytes_per_element!r}")
     total = 2 * num_layers * num_kv_heads * head_dim * bytes_per_element

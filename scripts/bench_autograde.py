@@ -12,21 +12,30 @@ honest submissions of chapter 1 (each student on their own numbers), and graded:
   for N = 1 and 2; starting the cluster is not timed.
 
 All run the same sandbox, limits and hidden-test path (``nbgrader_config.py``).
-Printed: wall seconds, the ratio of serial's seconds to each, and CPU seconds
-per submission of every process this script started and reaped (graders,
-workers, and the kernels they reaped). The figures are printed, never
-asserted: they depend on the machine and on what else runs on it (the load
-average is printed beside them).
+Printed: wall seconds, the ratio of serial's seconds to each (the speed-up), each
+one's seconds over the pool's (the Dask path on one machine aims at 1.10 or
+less), and CPU seconds per submission of every process this script started and
+reaped (graders, workers, and the kernels they reaped; for Dask, less what the
+scheduler and workers had used to start, which is not timed either). With
+``--profile`` the client of each Dask run (``python -m course.batch``, the
+command ``make grade`` runs) runs under cProfile, and its top entries by
+cumulative time are printed: what the one process that writes the course
+spends its time on. The figures are printed, never asserted: they depend on
+the machine and on what else runs on it (the load average is printed beside
+them).
 
-Usage: ``python scripts/bench_autograde.py [--students N] [--skip-serial] [--workers 1 2]``.
+Usage: ``python scripts/bench_autograde.py [--students N] [--skip-serial] [--workers 1 2]
+[--profile [ENTRIES]]``.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import io
 import json
 import os
+import pstats
 import resource
 import shutil
 import subprocess
@@ -124,11 +133,21 @@ ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": os.environ.get("HOME", "/
        "LANG": "C.UTF-8"}
 
 
+def in_course(course: Path, command: list[str], label: str) -> Run:
+    """``command`` run in ``course``, timed; its output's end shown if it fails."""
+
+    def run() -> None:
+        done = subprocess.run(command, cwd=course, env=ENV, capture_output=True, text=True)
+        if done.returncode != 0:
+            raise SystemExit(f"{label} failed ({done.returncode}):\n"
+                             f"{done.stdout[-2000:]}{done.stderr[-2000:]}")
+
+    return timed(label, run)
+
+
 def make_grade(course: Path, *extra: str) -> Run:
     command = ["make", "grade", f"ASSIGNMENT={ASSIGNMENT}", *extra]
-    return timed(" ".join(command),
-                 lambda: subprocess.run(command, cwd=course, env=ENV, check=True,
-                                        capture_output=True))
+    return in_course(course, command, " ".join(command))
 
 
 @contextlib.contextmanager
@@ -164,12 +183,50 @@ def loopback_cluster(folder: Path, workers: int) -> Iterator[tuple[str, list[Any
                 process.wait()
 
 
-def on_dask(course: Path, workers: int) -> Run:
+def _cpu_so_far_s(processes: list[Any]) -> float:
+    """CPU seconds the running ``processes`` (and the children they reaped) have used."""
+    import psutil  # type: ignore[import-untyped]
+
+    total = 0.0
+    for process in processes:
+        times = psutil.Process(process.pid).cpu_times()
+        total += times.user + times.system + times.children_user + times.children_system
+    return total
+
+
+def profiled_client(course: Path, address: str, profile: Path) -> Run:
+    """The command ``make grade ... SCHEDULER=`` runs, under cProfile (written to ``profile``)."""
+    python = str(course / ".venv" / "bin" / "python")
+    command = [python, "-m", "cProfile", "-o", str(profile), "-m", "course.batch", ASSIGNMENT,
+               "--scheduler", address]
+    return in_course(course, command,
+                     f"python -m cProfile -m course.batch {ASSIGNMENT} --scheduler {address}")
+
+
+def print_profile(profile: Path, entries: int) -> None:
+    """The client's ``entries`` top functions by cumulative time."""
+    out = io.StringIO()
+    stats = pstats.Stats(str(profile), stream=out)
+    stats.strip_dirs().sort_stats("cumulative").print_stats(entries)
+    table = out.getvalue().split("ncalls", 1)[-1]
+    print(f"  the client's top {entries} entries by cumulative time:\n    ncalls" +
+          "\n    ".join(line for line in table.splitlines() if line.strip()), flush=True)
+
+
+def on_dask(course: Path, workers: int, profile_entries: int) -> Run:
     with loopback_cluster(course.parent, workers) as (address, processes):
+        started_cpu_s = _cpu_so_far_s(processes)  # starting the cluster: not counted
         cpu = _children_cpu_s()
-        run = make_grade(course, f"SCHEDULER={address}")
-    # The workers' CPU is counted once they are reaped, after the block.
-    return Run(run.seconds, run.cpu_s + _children_cpu_s() - cpu)
+        if profile_entries:
+            run = profiled_client(course, address, course.parent / "client.prof")
+        else:
+            run = make_grade(course, f"SCHEDULER={address}")
+    # Everything reaped since ``cpu`` was read: the client, then (after the block) the
+    # scheduler and workers, with the kernels they reaped.
+    used = _children_cpu_s() - cpu - started_cpu_s
+    if profile_entries:
+        print_profile(course.parent / "client.prof", profile_entries)
+    return Run(run.seconds, used)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -178,13 +235,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--skip-serial", action="store_true")
     parser.add_argument("--workers", type=int, nargs="*", default=[1, 2],
                         help="Dask cluster sizes to run (none: skip Dask)")
+    parser.add_argument("--profile", type=int, nargs="?", const=25, default=0,
+                        metavar="ENTRIES",
+                        help="profile each Dask run's client; print its top ENTRIES (25)")
     args = parser.parse_args(argv)
+    if args.students < 1:
+        parser.error("--students must be at least 1")
     print(f"{args.students} honest submissions of {ASSIGNMENT}, {os.cpu_count()} cores, "
           f"load average {os.getloadavg()[0]:.1f} at the start")
     plans: list[tuple[str, Any]] = [("pool", make_grade)]
     if not args.skip_serial:
         plans.insert(0, ("serial", serial))
-    plans += [(f"dask {n}", lambda c, n=n: on_dask(c, n)) for n in args.workers]
+    plans += [(f"dask {n}", lambda c, n=n: on_dask(c, n, args.profile)) for n in args.workers]
     results: dict[str, Run] = {}
     with tempfile.TemporaryDirectory(prefix="kvlib-bench-") as tmp:
         for name, grade in plans:
@@ -193,11 +255,13 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{name}:", flush=True)
             results[name] = grade(course)
     print(f"load average {os.getloadavg()[0]:.1f} at the end")
-    base = results.get("serial")
-    print(f"{'':>8}  {'seconds':>8}  {'serial / this':>13}  {'CPU s per submission':>20}")
+    base, pool = results.get("serial"), results["pool"]
+    print(f"{'':>8}  {'seconds':>8}  {'serial / this':>13}  {'this / pool':>11}  "
+          f"{'CPU s per submission':>20}")
     for name, run in results.items():
         ratio = f"{base.seconds / run.seconds:.2f}x" if base else "-"
-        print(f"{name:>8}  {run.seconds:8.1f}  {ratio:>13}  {run.cpu_s / args.students:20.2f}")
+        print(f"{name:>8}  {run.seconds:8.1f}  {ratio:>13}  {run.seconds / pool.seconds:11.2f}  "
+              f"{run.cpu_s / args.students:20.2f}")
     return 0
 
 

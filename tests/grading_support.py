@@ -36,7 +36,7 @@ CHALLENGES = ("bytes_per_token", "seats", "prefill_s", "conversation_bytes", "ba
               "cache_tokens")
 POINTS = dict.fromkeys(CHALLENGES, 2.0)
 TOTAL = sum(POINTS.values())  # a right notebook's score
-GiB = 2**30
+MiB, GiB = 2**20, 2**30
 
 # Right answers written as a learner would, on the student's numbers N.
 RIGHT = {
@@ -127,6 +127,55 @@ def write(nb: Any, path: Path) -> Path:
     return path
 
 
+def submitted(course: Path, student: str) -> Path:
+    """Where ``student``'s notebook of the assignment is submitted in ``course``."""
+    return course / "submitted" / student / ASSIGNMENT / f"{NOTEBOOK}.ipynb"
+
+
+def duplicated_answer(release: Path, answer: str = "answer_seats") -> Any:
+    """A right notebook whose ``answer`` cell was pasted twice (repaired, flagged)."""
+    pasted = submission(RIGHT, release)
+    index = [grade_id(c) for c in pasted.cells].index(answer)
+    pasted.cells.insert(index, copy.deepcopy(pasted.cells[index]))
+    pasted.cells[index]["id"] = "pasted"
+    return pasted
+
+
+def new_course(
+    folder: Path, *, timeout_s: int, limits: Any = None, files: Mapping[str, str] | None = None
+) -> tuple[Path, Path]:
+    """A throwaway course with chapter 1's assignment (and ``files``, by name, added to its
+    ``solutions/``) in its gradebook; the course folder and its released notebook."""
+    from course.scratch import make_course, run_nbgrader
+
+    course = make_course(folder, ROOT, [ASSIGNMENT], timeout_s=timeout_s, limits=limits)
+    for name, text in (files or {}).items():
+        (course / "solutions" / ASSIGNMENT / name).write_text(text)
+    run_nbgrader(course, "generate_assignment", ASSIGNMENT, "--force")
+    return course, course / "exercises" / ASSIGNMENT / f"{NOTEBOOK}.ipynb"
+
+
+def copy_course(course: Path, target: Path) -> Path:
+    """A copy of ``course`` at ``target`` (links copied as links), its settings moved there."""
+    shutil.copytree(course, target, symlinks=True)
+    config = (target / "nbgrader_config.py").read_text().replace(str(course), str(target))
+    (target / "nbgrader_config.py").write_text(config)
+    return target
+
+
+def cell_scores(course: Path) -> dict[tuple[str, str], tuple[float, float | None]]:
+    """Each student's (score, auto score) of each graded cell, from the course's gradebook."""
+    from nbgrader.api import Gradebook
+
+    with Gradebook(f"sqlite:///{course / 'gradebook.db'}") as gb:
+        return {
+            (nb.student.id, grade.name): (grade.score, grade.auto_score)
+            for submission in gb.find_assignment(ASSIGNMENT).submissions
+            for nb in submission.notebooks
+            for grade in nb.grades
+        }
+
+
 def grades(course: Path) -> dict[str, dict[str, str]]:
     """``grades.csv`` rows by student id."""
     with open(course / "grades.csv", newline="") as f:
@@ -176,11 +225,7 @@ def _class(release: Path) -> dict[str, Any]:
                 "blank": submission({}, release)}
     for name, (wrong, _) in CLASSIC_WRONG.items():
         students[f"wrong_{name}"] = submission({**RIGHT, f"answer_{name}": wrong}, release)
-    pasted = submission(RIGHT, release)
-    index = [grade_id(c) for c in pasted.cells].index("answer_seats")
-    pasted.cells.insert(index, copy.deepcopy(pasted.cells[index]))
-    pasted.cells[index]["id"] = "pasted"
-    students["duplicated"] = pasted
+    students["duplicated"] = duplicated_answer(release)
     deleted = submission(RIGHT, release)
     deleted.cells = [c for c in deleted.cells if grade_id(c) != "prefill_s"]
     students["deleted_test"] = deleted
@@ -199,19 +244,14 @@ CLASS = {
 
 def _grade_twice(folder: Path) -> int:
     from course.batch import main as make_grade
-    from course.scratch import make_course, run_nbgrader
+    from course.scratch import run_nbgrader
 
-    serial = make_course(folder / "serial", ROOT, [ASSIGNMENT], timeout_s=10)
-    run_nbgrader(serial, "generate_assignment", ASSIGNMENT, "--force")
-    release = serial / "exercises" / ASSIGNMENT / f"{NOTEBOOK}.ipynb"
+    serial, release = new_course(folder / "serial", timeout_s=10)
     for name, nb in _class(release).items():
-        write(nb, serial / "submitted" / name / ASSIGNMENT / f"{NOTEBOOK}.ipynb")
-    (serial / "submitted" / "unreadable" / ASSIGNMENT).mkdir(parents=True)
-    (serial / "submitted" / "unreadable" / ASSIGNMENT / f"{NOTEBOOK}.ipynb").write_text("{")
-    parallel = folder / "parallel"
-    shutil.copytree(serial, parallel)
-    config = (parallel / "nbgrader_config.py").read_text().replace(str(serial), str(parallel))
-    (parallel / "nbgrader_config.py").write_text(config)
+        write(nb, submitted(serial, name))
+    submitted(serial, "unreadable").parent.mkdir(parents=True)
+    submitted(serial, "unreadable").write_text("{")
+    parallel = copy_course(serial, folder / "parallel")
     for step in ("autograde", "generate_feedback"):
         run_nbgrader(serial, step, ASSIGNMENT)
     run_nbgrader(serial, "export")

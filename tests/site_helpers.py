@@ -129,6 +129,35 @@ def ensure_site() -> Path:
     return HTML_DIR
 
 
+def start_site_build() -> threading.Thread | None:
+    """Build the site in a background thread of this process, holding the build lock, if
+    no other process holds it and the site is stale; None when there is nothing to do.
+
+    The build (minutes) then overlaps the tests that do not need it; ``ensure_site``
+    waits on the lock and finds the site current, or builds it and reports the failure.
+    """
+    import fcntl
+
+    if site_is_current():
+        return None
+    BUILD_DIR.mkdir(exist_ok=True)
+    lock = open(BUILD_DIR / ".site.lock", "w")  # noqa: SIM115 (closed by the thread)
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        lock.close()
+        return None
+
+    def build() -> None:
+        with lock:
+            if not site_is_current():
+                build_site()
+
+    thread = threading.Thread(target=build, name="site-build", daemon=True)
+    thread.start()
+    return thread
+
+
 def build_site() -> subprocess.CompletedProcess[str]:
     """Run scripts/build_book.py with this interpreter; output is captured."""
     return subprocess.run(

@@ -44,7 +44,6 @@ from kvlib.config import ModelConfig
 from kvlib.hardware import vllm_budget_bytes
 from kvlib.paging.prefix import cacheable_blocks
 from kvlib.paging.vllm_pool import KVCacheGroup, KVPool, kv_pool
-from kvlib.specs import MLALatent
 from kvlib.units import GiB
 from kvlib.weights.params import weight_bytes
 
@@ -127,13 +126,9 @@ class Capacity:
 
 
 def held_blocks(groups: tuple[KVCacheGroup, ...], tokens: int) -> int:
-    """Blocks a paged engine holds for one sequence of ``tokens``, summed over its groups.
-
-    Full attention (and MLA): ``cdiv(T, B)``. A sliding layer keeps ``W - 1`` tokens,
-    which straddle at most ``cdiv(W - 1, B) + 1`` blocks (vLLM frees the rest,
-    ``SlidingWindowManager.remove_skipped_blocks``); a chunked-local layer only the
-    current chunk's, at most ``cdiv(C, B)``.
-    """
+    """Blocks a paged engine holds for one sequence of ``tokens``, summed over its groups
+    (each kind's :meth:`~kvlib.specs.CacheSpec.held_blocks`: ``cdiv(T, B)`` for full
+    attention, at most ``cdiv(W - 1, B) + 1`` in a window, ``cdiv(C, B)`` in a chunk)."""
     require_int(tokens, "tokens", 1)
     return sum(group.held_blocks(tokens) for group in groups)
 
@@ -171,11 +166,7 @@ def decode_flops_per_token(cfg: ModelConfig, context_tokens: int) -> int | None:
             keys = attention_pairs(spec, context_tokens + 1) - attention_pairs(spec, context_tokens)
         except ValueError:
             return None
-        if isinstance(spec, MLALatent):
-            per_key = spec.num_heads * 2 * (2 * spec.kv_lora_rank + spec.qk_rope_head_dim)
-        else:
-            per_key = cfg.num_attention_heads * 2 * (2 * cfg.head_dim)
-        attention += keys * per_key
+        attention += keys * spec.decode_flops_per_key(cfg.num_attention_heads, cfg.head_dim)
     return 2 * (body + head) + attention
 
 
@@ -201,10 +192,6 @@ def request_flops(s: Scenario, cached_tokens: int = 0) -> int | None:
     except ValueError:
         return None
     return prefill - _cached_prefill(s.model, cached_tokens) + s.output_tokens * per_token
-
-
-def _cdiv(a: int, b: int) -> int:
-    return -(-a // b)
 
 
 def cascade_attention_applies(
@@ -238,10 +225,10 @@ def cascade_attention_applies(
     queries_per_kv = num_query_heads // num_kv_heads
     if not (queries_per_kv > 1 and all_decode):
         return True
-    tiles = _cdiv(common_prefix_tokens, 128)
-    cascade_time = _cdiv(num_query_heads * _cdiv(num_requests, 128), num_sms) * tiles
-    flash_ctas = num_requests * num_kv_heads * _cdiv(queries_per_kv, 128) * tiles
-    return cascade_time < _cdiv(flash_ctas, num_sms)
+    tiles = cdiv(common_prefix_tokens, 128)
+    cascade_time = cdiv(num_query_heads * cdiv(num_requests, 128), num_sms) * tiles
+    flash_ctas = num_requests * num_kv_heads * cdiv(queries_per_kv, 128) * tiles
+    return cascade_time < cdiv(flash_ctas, num_sms)
 
 
 def prefill_compute_share(cap: Capacity) -> float:

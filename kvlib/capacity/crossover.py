@@ -78,15 +78,6 @@ class Crossover:
             self.gpu_hour_price, self.gpus, self.tokens_per_s, utilization
         )
 
-    def monthly_bills(self, utilization: float, hours: float = 730.0) -> tuple[float, float]:
-        """``(dedicated, shared)`` bills for a month of ``hours`` at ``utilization``: the GPUs
-        for every hour, against the tokens served at the per-token price."""
-        require_fraction(utilization, "utilization")
-        require_positive(hours, "hours")
-        tokens = self.tokens_per_s * utilization * SECONDS_PER_HOUR * hours
-        dedicated = self.gpus * self.gpu_hour_price * hours
-        return dedicated, tokens / TOKENS_PER_MILLION * self.price_per_million_tokens
-
 
 def crossover(
     gpu_hour_price: float, gpus: int, tokens_per_s: float, price_per_million_tokens: float

@@ -72,16 +72,6 @@ class RemedyEffect:
         """Aggregate decode tokens/s after over before."""
         return self.after.tokens_per_s / self.before.tokens_per_s
 
-    @property
-    def tokens_per_s_gained(self) -> float:
-        """Joint-bound tokens/s after minus before."""
-        return self.after.tokens_per_s - self.before.tokens_per_s
-
-    @property
-    def gpus_ratio(self) -> float:
-        """GPUs rented after over before."""
-        return self.after.scenario.gpus / self.before.scenario.gpus
-
 
 @dataclass(frozen=True)
 class Ranking:

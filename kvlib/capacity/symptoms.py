@@ -61,11 +61,6 @@ class Symptoms:
         """Fraction of steps that show the signature."""
         return self.kv_bound_steps / self.steps if self.steps else 0.0
 
-    @property
-    def batch_occupancy(self) -> float:
-        """Mean running batch over the cap: the share of batch slots in use."""
-        return self.mean_running / self.max_num_seqs
-
 
 def diagnose_steps(
     steps: Sequence[StepMetrics],

@@ -1,13 +1,9 @@
 """Subcommands of the ``kvlib`` command line, one module each.
 
-Every module here defines ``register(subparsers)``, which adds its parser and
-sets ``handler`` to a function ``(argparse.Namespace) -> int`` (the exit
-status). ``kvlib.cli`` discovers the modules, so adding a command is adding a
-module. A command builds a report dataclass and prints it with :func:`emit`:
-``--json`` prints the dataclass's fields, otherwise its table.
-
-Modules here import only the standard library at import time; a command that
-needs torch or nbgrader imports it inside its handler.
+Each module defines ``register(subparsers)``, which adds its parser and sets
+``handler`` to a function ``(argparse.Namespace) -> int`` (the exit status).
+Modules import only the standard library at import time; a command that needs
+torch imports it inside its handler.
 """
 
 from __future__ import annotations
@@ -36,8 +32,7 @@ def report_json(report: Any) -> dict[str, Any]:
     """A report dataclass as a JSON-ready dict of its fields (nested dataclasses too)."""
     if not dataclasses.is_dataclass(report) or isinstance(report, type):
         raise TypeError(f"a report must be a dataclass instance, got {type(report).__name__}")
-    fields: dict[str, Any] = dataclasses.asdict(report)
-    return fields
+    return dataclasses.asdict(report)
 
 
 def emit(report: Any, as_json: bool, render: Callable[[Any], str]) -> int:

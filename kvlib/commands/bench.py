@@ -1,36 +1,96 @@
-"""``kvlib bench copy|decode|matmul``: measured bandwidth and FLOP/s on this machine's device.
+"""``kvlib bench copy|decode|matmul``: measured bandwidth and FLOP/s on this machine's device,
+with the datasheet figure and the fraction reached on a GPU :mod:`kvlib.hardware` knows.
 
-Each subcommand times one workload of :mod:`kvlib.timing.workloads` with
-:func:`kvlib.timing.bench` (CUDA events on a GPU, ``perf_counter_ns`` on a
-CPU) and reports the median, the quantiles, and the rates they give. The
-report names the device that ran it; on a GPU that :mod:`kvlib.hardware`
-knows, it also gives the datasheet figure and the fraction reached.
-
-Byte counts are the minimum traffic: a copy of N bytes moves 2N (read +
-write, STREAM's convention); attention reads the cached K and V once.
-torch is imported inside the handler.
+Byte counts are the minimum traffic: a copy of N bytes moves 2N (read + write,
+STREAM's convention); attention reads the cached K and V once.
 """
 
 from __future__ import annotations
 
 import argparse
+from dataclasses import dataclass
 from typing import Any
 
 from kvlib.commands import UsageError, emit, fail
-from kvlib.commands.bench_render import (
-    COPY_COUNTING,
-    BenchReport,
-    CopyReport,
-    DecodeReport,
-    MatmulReport,
-    render,
-)
 from kvlib.dtypes import bytes_for, check_dtype
-from kvlib.units import parse_bytes
+from kvlib.units import format_bytes, format_flops, format_rate, parse_bytes
 
-__all__ = ["BenchReport", "CopyReport", "DecodeReport", "MatmulReport", "register", "render"]
+__all__ = [
+    "COPY_COUNTING",
+    "BenchReport",
+    "CopyReport",
+    "DecodeReport",
+    "MatmulReport",
+    "register",
+    "render",
+]
 
 _DTYPES = "bf16, fp16, fp32"
+COPY_COUNTING = "read + write: bytes_moved = 2 x bytes_copied"
+
+
+@dataclass(frozen=True)
+class BenchReport:
+    """What every measurement reports: where and how it was timed, and the median."""
+
+    workload: str
+    description: str
+    device: str
+    device_name: str
+    clock: str
+    cache: str
+    flush_bytes: int
+    reps: int
+    median_s: float
+    p20_s: float
+    p80_s: float
+    min_s: float
+    resolution_limited: bool
+    bytes_moved: int
+    bandwidth_bytes_per_s: float
+    datasheet_gpu: str | None
+    datasheet_bandwidth_bytes_per_s: float | None
+
+
+@dataclass(frozen=True)
+class CopyReport(BenchReport):
+    """A device-to-device copy; ``bandwidth_bytes_per_s`` counts read + write (``2 N``)."""
+
+    bytes_copied: int
+    bytes_counted: str
+
+
+@dataclass(frozen=True)
+class MatmulReport(BenchReport):
+    """``(m x k) @ (k x n)``: ``2 m n k`` FLOPs."""
+
+    m: int
+    n: int
+    k: int
+    dtype: str
+    flops: int
+    flops_per_s: float
+    arithmetic_intensity_flops_per_byte: float
+    datasheet_flops_per_s: float | None
+
+
+@dataclass(frozen=True)
+class DecodeReport(BenchReport):
+    """One decode step of attention over a batch's KV cache."""
+
+    batch: int
+    context_tokens: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    dtype: str
+    impl: str
+    kv_cache_bytes: int
+    flops: int
+    flops_per_s: float
+    arithmetic_intensity_flops_per_byte: float
+
+
 
 
 def _common(parser: argparse.ArgumentParser) -> None:
@@ -104,9 +164,6 @@ def run(args: argparse.Namespace) -> int:
     return emit(report, args.json, render)
 
 
-DECODE_IMPLS = ("sdpa", "matmul")  # kvlib.timing.workloads.DECODE_IMPLS
-
-
 def _settings(args: argparse.Namespace, on_gpu: bool) -> dict[str, Any]:
     """The workload's checked settings; device-dependent defaults filled for ``on_gpu``."""
     if args.workload == "copy":
@@ -119,6 +176,8 @@ def _settings(args: argparse.Namespace, on_gpu: bool) -> dict[str, Any]:
         default = "8192" if on_gpu else "1024"
         sizes = {name: _int(f"--{name}", getattr(args, name) or default) for name in "mnk"}
         return {**sizes, "dtype": _dtype(args.dtype, on_gpu)}
+    from kvlib.timing.workloads import DECODE_IMPLS
+
     if args.impl not in DECODE_IMPLS:
         raise UsageError(f"--impl must be one of {', '.join(DECODE_IMPLS)}, got {args.impl!r}")
     settings = {
@@ -206,3 +265,50 @@ def _report(kind: str, settings: dict[str, Any], workload: Any, result: Any) -> 
     elements = 2 * settings["batch"] * settings["kv_heads"] * settings["context_tokens"]
     kv_bytes = bytes_for(elements * settings["head_dim"], settings["dtype"])
     return DecodeReport(**common, **rates, **settings, kv_cache_bytes=kv_bytes)
+
+
+def _duration(seconds: float) -> str:
+    for unit, scale in (("s", 1.0), ("ms", 1e-3), ("us", 1e-6)):
+        if seconds >= scale:
+            return f"{seconds / scale:,.3g} {unit}"
+    return f"{seconds / 1e-9:,.3g} ns"
+
+
+def render(report: BenchReport) -> str:
+    """The human-readable table of a bench report."""
+    where = f"{report.device}: {report.device_name}"
+    flushed = (
+        f", {format_bytes(report.flush_bytes)} written before each" if report.flush_bytes else ""
+    )
+    rows = [
+        ("device", where),
+        ("workload", report.description),
+        ("clock", f"{report.clock}, {report.reps} repetitions, {report.cache} cache{flushed}"),
+        ("median", f"{_duration(report.median_s)} (p20 {_duration(report.p20_s)}, "
+                   f"p80 {_duration(report.p80_s)}, min {_duration(report.min_s)})"),
+    ]
+    if report.resolution_limited:
+        rows.append(("warning", "the median is under 100 clock ticks: time a larger workload"))
+    moved = f"{report.bytes_moved:,} bytes moved"
+    if isinstance(report, CopyReport):
+        moved += f" ({report.bytes_counted})"
+    rows.append(("traffic", moved))
+    bandwidth = format_rate(report.bandwidth_bytes_per_s)
+    if report.datasheet_bandwidth_bytes_per_s:
+        share = report.bandwidth_bytes_per_s / report.datasheet_bandwidth_bytes_per_s
+        bandwidth += (f" ({share:.0%} of the {report.datasheet_gpu} datasheet's "
+                      f"{format_rate(report.datasheet_bandwidth_bytes_per_s)})")
+    rows.append(("bandwidth", bandwidth))
+    if isinstance(report, MatmulReport | DecodeReport):
+        compute = format_flops(report.flops_per_s)
+        if isinstance(report, MatmulReport) and report.datasheet_flops_per_s:
+            share = report.flops_per_s / report.datasheet_flops_per_s
+            compute += (f" ({share:.0%} of the {report.datasheet_gpu} datasheet's dense bf16 "
+                        f"{format_flops(report.datasheet_flops_per_s)})")
+        rows.append(("compute", compute))
+        intensity = f"{report.arithmetic_intensity_flops_per_byte:,.3g} FLOPs per byte moved"
+        rows.append(("intensity", intensity))
+    if report.device == "cpu":
+        rows.append(("note", "a CPU measurement: it says nothing about a GPU"))
+    width = max(len(key) for key, _ in rows)
+    return "\n".join(f"{key:<{width}}  {value}" for key, value in rows)

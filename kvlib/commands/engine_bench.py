@@ -1,21 +1,17 @@
 """``kvlib engine-bench``: one seeded workload through static and continuous batching,
 then continuous batching under a range of per-step token budgets.
 
-Runs :class:`kvlib.engine.core.Engine` on the CPU with a small random-weight decoder
-and prints, per run, the throughput, the time-to-first-token (TTFT) and inter-token
-latency (ITL) percentiles, timed in this process's CPU time (``time.process_time``:
-on a shared machine, the moments another process held the core are left out). The budget sweep shows
+Times are this process's CPU time (``time.process_time``: on a shared machine,
+the moments another process held the core are left out). The budget sweep shows
 the trade vLLM's ``max_num_batched_tokens`` makes with chunked prefill: a large budget
 prefills a long prompt in one step (a short TTFT for it, a long gap for every stream
 decoding beside it), a small one spreads the prompt over many steps (smooth decodes,
-later first tokens, more steps). ``outputs_match_single`` says whether every run's
-greedy tokens equal each request run alone. torch is imported when the command runs.
+later first tokens, more steps).
 """
 
 from __future__ import annotations
 
 import argparse
-import platform
 import random
 import statistics
 import time
@@ -136,17 +132,6 @@ def _workload(n: int, seed: int) -> list[tuple[str, list[int], int]]:
             for i in range(n)]
 
 
-def _cpu_name() -> str:
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return "cpu: " + line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return f"cpu: {platform.processor() or platform.machine()}"
-
-
 def benchmark(args: argparse.Namespace) -> EngineBenchReport:
     """Both schedulers, then every request alone (the equivalence check)."""
     import torch
@@ -156,6 +141,7 @@ def benchmark(args: argparse.Namespace) -> EngineBenchReport:
     from kvlib.engine.core import Engine, EngineConfig, Request
     from kvlib.engine.scheduler import Policy
     from kvlib.nn.decoder import TinyDecoder, tiny_config
+    from kvlib.timing.devices import device_name
 
     torch.set_num_threads(1)
     model = TinyDecoder(load_config(tiny_config(max_positions=512)), seed=args.seed)
@@ -183,7 +169,7 @@ def benchmark(args: argparse.Namespace) -> EngineBenchReport:
         engine = Engine(model, EngineConfig(args.num_blocks, args.block_size, 1))
         alone.append(engine.run([request])[0].output_tokens)
     return EngineBenchReport(
-        device=_cpu_name(),
+        device=device_name("cpu"),
         torch_threads=torch.get_num_threads(),
         requests=args.requests,
         seed=args.seed,
@@ -271,6 +257,6 @@ def render(report: EngineBenchReport) -> str:
         f"outputs equal each request run alone (every run): {report.outputs_match_single}",
         f"{report.requests} requests, seed {report.seed}, max_num_seqs {report.max_num_seqs}, "
         f"{report.num_blocks} blocks of {report.block_size}",
-        f"{report.device}, {report.torch_threads} thread; times are this process's CPU time",
+        f"{report.device}; times are this process's CPU time",
     ]
     return "\n".join(lines)

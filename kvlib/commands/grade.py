@@ -1,8 +1,5 @@
-"""``kvlib grade``: self-check one exercise notebook with the course's grader.
-
-The grader is the course's (:mod:`course.selfcheck`), installed beside kvlib from this
-repository; kvlib itself never imports nbgrader.
-"""
+"""``kvlib grade``: self-check one exercise notebook with the course's grader
+(:mod:`course.selfcheck`); kvlib itself never imports nbgrader."""
 
 from __future__ import annotations
 

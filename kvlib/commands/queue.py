@@ -9,7 +9,7 @@ from kvlib.commands import emit, fail
 from kvlib.serving.erlang import QueueStats
 from kvlib.serving.queueing import UnstableQueueError, mmc
 
-__all__ = ["queue_report", "register", "render", "run"]
+__all__ = ["register", "render", "run"]
 
 _FLAGS = {"arrivals_per_s": "--arrivals-per-s", "service_s": "--service-s", "servers": "--servers"}
 
@@ -35,16 +35,11 @@ def register(commands: Any) -> None:
     queue.set_defaults(handler=run)
 
 
-def queue_report(arrivals_per_s: float, service_s: float, servers: int) -> QueueStats:
-    """The report for these inputs: the M/M/c waits, whose fields ``--json`` prints;
-    ``ValueError`` (or ``UnstableQueueError``) on bad input."""
-    return mmc(arrivals_per_s, service_s, servers)
-
-
 def run(args: argparse.Namespace) -> int:
-    """Print the report; exit status 2 with one line for bad input or an unstable queue."""
+    """Print the M/M/c waits (``--json``: their fields); exit status 2 with one line for bad
+    input or an unstable queue."""
     try:
-        report = queue_report(args.arrivals_per_s, args.service_s, args.servers)
+        report = mmc(args.arrivals_per_s, args.service_s, args.servers)
     except UnstableQueueError as exc:
         return fail("queue", f"unstable queue: {exc}")
     except (ValueError, TypeError) as exc:

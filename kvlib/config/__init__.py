@@ -17,9 +17,9 @@ from kvlib.config.model import (
     load_config,
 )
 from kvlib.config.parts import (
-    IndexerConfig,
+    IndexerShape,
     Layout,
-    MLAConfig,
+    MLAShape,
     MoEConfig,
     QuantizationConfig,
     VisionTower,
@@ -27,9 +27,9 @@ from kvlib.config.parts import (
 
 __all__ = [
     "ConfigError",
-    "IndexerConfig",
+    "IndexerShape",
     "Layout",
-    "MLAConfig",
+    "MLAShape",
     "MoEConfig",
     "ModelConfig",
     "QuantizationConfig",

@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from kvlib._validate import is_int
 from kvlib.config.fields import ConfigError, get_bool
 
 __all__ = ["check_generates", "check_modelled"]
@@ -63,7 +64,7 @@ def check_modelled(text: Mapping[str, Any], types: list[str], head_dim: int, mla
     cache is not an MLA latent, and its width is not in the config).
     """
     v_dim = text.get("v_head_dim")
-    if not mla and isinstance(v_dim, int) and not isinstance(v_dim, bool) and v_dim != head_dim:
+    if not mla and is_int(v_dim) and v_dim != head_dim:
         raise ConfigError(
             f"'v_head_dim' ({v_dim}) differs from the key width 'head_dim' ({head_dim}) in a "
             f"model without MLA (model_type {text.get('model_type')!r}): kvlib sizes keys and "

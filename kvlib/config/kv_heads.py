@@ -16,6 +16,7 @@ import re
 from collections.abc import Iterator, Mapping
 from typing import Any
 
+from kvlib._validate import is_int
 from kvlib.config.fields import ConfigError, first_int, get_bool, get_optional_int
 
 __all__ = ["kv_heads"]
@@ -94,9 +95,4 @@ def _candidates(text: Mapping[str, Any]) -> Iterator[tuple[str, int]]:
 
 
 def _is_count(key: object, value: object) -> bool:
-    return (
-        isinstance(key, str)
-        and isinstance(value, int)
-        and not isinstance(value, bool)
-        and _LOOKS_LIKE_KV_HEADS.search(key) is not None
-    )
+    return isinstance(key, str) and is_int(value) and _LOOKS_LIKE_KV_HEADS.search(key) is not None

@@ -16,6 +16,7 @@ from kvlib.config.fields import (
     require_first_int,
 )
 from kvlib.config.kv_heads import kv_heads
+from kvlib.config.parts import MLAShape
 from kvlib.specs import (
     CacheSpec,
     ChunkedLocal,
@@ -26,7 +27,7 @@ from kvlib.specs import (
     SlidingWindow,
 )
 
-__all__ = ["Heads", "MLADims", "attention_heads", "specs_from_types", "sliding_window"]
+__all__ = ["Heads", "attention_heads", "specs_from_types", "sliding_window"]
 
 _LAYERS = ("num_hidden_layers", "n_layer", "n_layers", "num_layers")
 _HEADS = ("num_attention_heads", "n_head", "n_heads", "num_heads")
@@ -60,8 +61,11 @@ def attention_heads(text: Mapping[str, Any]) -> Heads:
 
 
 def _head_dim(text: Mapping[str, Any], hidden: int, num_heads: int) -> int:
-    """An explicit ``head_dim`` wins (ChatGLM and Qwen-1 spell it ``kv_channels``);
-    otherwise ``hidden_size // num_attention_heads``."""
+    """An MLA head's query/key width is ``qk_nope + qk_rope``; otherwise an explicit
+    ``head_dim`` wins (ChatGLM and Qwen-1 spell it ``kv_channels``), else
+    ``hidden_size // num_attention_heads``."""
+    if text.get("kv_lora_rank") is not None:
+        return get_int(text, "qk_nope_head_dim") + get_int(text, "qk_rope_head_dim")
     explicit = first_int(text, ("head_dim", "kv_channels"))
     if explicit is not None:
         return explicit
@@ -98,18 +102,8 @@ def sliding_window(text: Mapping[str, Any]) -> int | None:
     return chosen or None
 
 
-@dataclass(frozen=True)
-class MLADims:
-    """The MLA widths a cache spec needs (from ``kv_lora_rank`` and friends)."""
-
-    kv_lora_rank: int
-    qk_rope_head_dim: int
-    qk_nope_head_dim: int
-    v_head_dim: int
-
-
 def specs_from_types(
-    text: Mapping[str, Any], types: list[str], heads: Heads, mla: MLADims | None
+    text: Mapping[str, Any], types: list[str], heads: Heads, mla: MLAShape | None
 ) -> tuple[CacheSpec, ...]:
     """One cache spec per transformers layer type."""
     window = sliding_window(text)
@@ -157,7 +151,7 @@ def _spec(
     layer_type: str,
     shape: _Shape,
     window: int | None,
-    mla: MLADims | None,
+    mla: MLAShape | None,
 ) -> CacheSpec:
     if layer_type == "dummy":
         return SharedKV()

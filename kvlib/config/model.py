@@ -19,11 +19,11 @@ from typing import Any
 from kvlib.config.fields import ConfigError, get_bool, get_optional_int, text_config
 from kvlib.config.guards import check_generates, check_modelled
 from kvlib.config.layer_types import layer_types
-from kvlib.config.layers import MLADims, attention_heads, sliding_window, specs_from_types
+from kvlib.config.layers import attention_heads, sliding_window, specs_from_types
 from kvlib.config.parts import (
-    IndexerConfig,
+    IndexerShape,
     Layout,
-    MLAConfig,
+    MLAShape,
     MoEConfig,
     QuantizationConfig,
     VisionTower,
@@ -75,8 +75,8 @@ class ModelConfig:
     hidden_size: int
     layers: tuple[CacheSpec, ...]
     sliding_window: int | None
-    mla: MLAConfig | None
-    indexer: IndexerConfig | None
+    mla: MLAShape | None
+    indexer: IndexerShape | None
     moe: MoEConfig | None
     layout: Layout
     vision: VisionTower | None
@@ -166,15 +166,11 @@ def from_dict(data: Mapping[str, Any], *, name: str = "custom") -> ModelConfig:
         raise ConfigError(f"a config must be a JSON object, got {type(data).__name__}")
     text = text_config(data)
     check_generates(data, text)
-    mla = mla_from(text)
-    # An MLA head's query/key width is qk_nope + qk_rope, whatever hidden/heads gives.
-    heads = attention_heads({**text, "head_dim": mla.qk_head_dim} if mla else text)
+    heads = attention_heads(text)
+    mla = mla_from(text, heads.hidden_size, heads.num_heads)
     types = layer_types(text, heads.num_layers, sliding_window(text))
-    dims = None
-    if mla is not None:
-        dims = MLADims(mla.kv_lora_rank, mla.qk_rope_head_dim, mla.qk_nope_head_dim, mla.v_head_dim)
     check_modelled(text, types, heads.head_dim, mla is not None)
-    layers = specs_from_types(text, types, heads, dims)
+    layers = specs_from_types(text, types, heads, mla)
     windows = {layer.cap_tokens + 1 for layer in layers if layer.cap_tokens is not None}
     return ModelConfig(
         name=name,

@@ -8,9 +8,10 @@ Each is a frozen dataclass built by a ``*_from`` function from the text config
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass, field, fields
+from typing import Any, Protocol
 
+from kvlib._validate import is_int, require_int
 from kvlib.config.fields import (
     ConfigError,
     first_int,
@@ -20,9 +21,9 @@ from kvlib.config.fields import (
 )
 
 __all__ = [
-    "IndexerConfig",
+    "IndexerShape",
     "Layout",
-    "MLAConfig",
+    "MLAShape",
     "MoEConfig",
     "QuantizationConfig",
     "VisionTower",
@@ -35,9 +36,18 @@ __all__ = [
 ]
 
 
+class _HasAttentionParts(Protocol):
+    @property
+    def name(self) -> str: ...
+    @property
+    def mla(self) -> MLAShape | None: ...
+    @property
+    def indexer(self) -> IndexerShape | None: ...
+
+
 @dataclass(frozen=True)
-class MLAConfig:
-    """Multi-head Latent Attention dimensions (DeepSeek-V2/V3, Kimi K2).
+class MLAShape:
+    """The dimensions of one Multi-head Latent Attention layer (DeepSeek-V2/V3, Kimi K2).
 
     vLLM, SGLang and transformers 5 cache one latent vector of
     ``kv_lora_rank + qk_rope_head_dim`` elements per token per layer; transformers
@@ -45,11 +55,29 @@ class MLAConfig:
     qk_rope_head_dim``) and values (``v_head_dim``) instead, 71x more for DeepSeek-V3.
     """
 
+    hidden_size: int
+    num_heads: int
     kv_lora_rank: int
     qk_rope_head_dim: int
     qk_nope_head_dim: int
     v_head_dim: int
-    q_lora_rank: int | None
+    q_lora_rank: int | None = None
+
+    def __post_init__(self) -> None:
+        for f in fields(self):  # every width a positive int; no query LoRA is None
+            value = getattr(self, f.name)
+            if value is not None or f.name != "q_lora_rank":
+                require_int(value, f.name, 1)
+
+    @classmethod
+    def from_config(cls, cfg: _HasAttentionParts) -> MLAShape:
+        """The shape of ``cfg``'s attention layers; ConfigError for a model without MLA."""
+        if cfg.mla is None:
+            raise ConfigError(
+                f"{cfg.name} is not an MLA model: its config has no 'kv_lora_rank' field; give "
+                "a DeepSeek-V2/V3-style config (kv_lora_rank, qk_rope_head_dim, ...)"
+            )
+        return cfg.mla
 
     @property
     def latent_dim(self) -> int:
@@ -61,12 +89,39 @@ class MLAConfig:
         """Per-head key width after decompression: ``qk_nope_head_dim + qk_rope_head_dim``."""
         return self.qk_nope_head_dim + self.qk_rope_head_dim
 
+    @property
+    def linear_params(self) -> int:
+        """Weights of the projections a token always goes through (not ``kv_b_proj``).
 
-def mla_from(text: Mapping[str, Any]) -> MLAConfig | None:
+        ``q_a_proj`` and ``q_b_proj`` (or ``q_proj``), ``kv_a_proj_with_mqa``, ``o_proj``
+        (transformers ``DeepseekV3Attention``, no biases).
+        """
+        h, heads = self.hidden_size, self.num_heads
+        if self.q_lora_rank is None:
+            query = h * heads * self.qk_head_dim
+        else:
+            query = h * self.q_lora_rank + self.q_lora_rank * heads * self.qk_head_dim
+        return query + h * self.latent_dim + heads * self.v_head_dim * h
+
+    @property
+    def kv_b_params(self) -> int:
+        """``kv_b_proj``: ``W_UK`` and ``W_UV``, ``d_c x H x (d_nope + d_v)``."""
+        return self.kv_lora_rank * self.num_heads * (self.qk_nope_head_dim + self.v_head_dim)
+
+    @property
+    def attention_params(self) -> int:
+        """Every weight of the layer's attention: projections, ``kv_b_proj`` and the RMSNorms."""
+        norms = self.kv_lora_rank + (self.q_lora_rank or 0)
+        return self.linear_params + self.kv_b_params + norms
+
+
+def mla_from(text: Mapping[str, Any], hidden_size: int, num_heads: int) -> MLAShape | None:
     """MLA is recognised from its fields, whatever ``model_type`` says."""
     if text.get("kv_lora_rank") is None:
         return None
-    return MLAConfig(
+    return MLAShape(
+        hidden_size=hidden_size,
+        num_heads=num_heads,
         kv_lora_rank=get_int(text, "kv_lora_rank"),
         qk_rope_head_dim=get_int(text, "qk_rope_head_dim"),
         qk_nope_head_dim=get_int(text, "qk_nope_head_dim"),
@@ -76,20 +131,35 @@ def mla_from(text: Mapping[str, Any]) -> MLAConfig | None:
 
 
 @dataclass(frozen=True)
-class IndexerConfig:
+class IndexerShape:
     """DeepSeek Sparse Attention's indexer (DeepSeek-V3.2): ``num_heads`` scoring heads of
-    ``head_dim`` (its cached key's width) choosing the ``top_k`` tokens each query attends."""
+    ``head_dim`` (its cached key's width), keeping the ``top_k`` best-scored tokens per
+    query (``index_n_heads``, ``index_head_dim``, ``index_topk``: 64, 128, 2048)."""
 
     num_heads: int
     head_dim: int
     top_k: int
 
+    def __post_init__(self) -> None:
+        for name in ("num_heads", "head_dim", "top_k"):
+            require_int(getattr(self, name), name, 1)
 
-def indexer_from(text: Mapping[str, Any]) -> IndexerConfig | None:
+    @classmethod
+    def from_config(cls, cfg: _HasAttentionParts) -> IndexerShape:
+        """The config's indexer; ConfigError for a model without one."""
+        if cfg.indexer is None:
+            raise ConfigError(
+                f"{cfg.name} has no sparse-attention indexer: a DeepSeek-V3.2 config gives "
+                "'index_n_heads', 'index_head_dim' and 'index_topk'"
+            )
+        return cfg.indexer
+
+
+def indexer_from(text: Mapping[str, Any]) -> IndexerShape | None:
     """``index_n_heads``, ``index_head_dim``, ``index_topk``; None for a model without one."""
     if text.get("index_head_dim") is None:
         return None
-    return IndexerConfig(
+    return IndexerShape(
         num_heads=get_int(text, "index_n_heads"),
         head_dim=get_int(text, "index_head_dim"),
         top_k=get_int(text, "index_topk"),
@@ -243,7 +313,7 @@ def quantization_from(data: Mapping[str, Any]) -> QuantizationConfig | None:
     if block is not None and (
         not isinstance(block, list)
         or len(block) != 2
-        or not all(isinstance(b, int) and not isinstance(b, bool) and b > 0 for b in block)
+        or not all(is_int(b) and b > 0 for b in block)
     ):
         raise ConfigError(
             "'quantization_config.weight_block_size' must be two positive integers, e.g. [128, 128]"

@@ -1,22 +1,12 @@
-"""A small serving engine: a request queue, batched forward passes over a paged KV cache,
-static or continuous batching, a per-step token budget with chunked prefill, prefix
-caching, preemption by recompute, stop tokens, tokens streamed per request.
-
-It runs :class:`kvlib.nn.decoder.TinyDecoder` (a random-weight Llama-style model)
-on the CPU with greedy decoding, so that every request's tokens can be checked
-against the same request run alone. The scheduling decisions are
-:class:`kvlib.engine.scheduler.Scheduler`'s; the block tables are
-:class:`kvlib.paging.table.PagedKVCache`'s; the keys and values live in the slots
-those tables name (:class:`kvlib.nn.decoder.PagedKV`).
+"""A small serving engine: batched forward passes of
+:class:`kvlib.nn.decoder.TinyDecoder` over a paged KV cache, greedy decoding on the CPU,
+so every request's tokens can be checked against the same request run alone.
 
 The engine's limits are vLLM's: ``max_num_seqs`` sequences in a step,
 ``max_num_batched_tokens`` tokens computed in a step (prefill chunks and decode
 tokens together), ``max_model_len`` tokens in a sequence. A request that sets no
 ``max_new_tokens`` may grow to ``max_model_len`` (vLLM's default ``max_tokens``).
-
-Bad input (an empty prompt, token ids outside the vocabulary, a prompt and
-output longer than ``max_model_len``, a request the pool could never hold)
-fails that request alone: its result carries the error, and the others run.
+Bad input fails that request alone: its result carries the error, and the others run.
 """
 
 from __future__ import annotations
@@ -46,12 +36,8 @@ __all__ = [
 
 @dataclass(frozen=True)
 class Request:
-    """A prompt to continue greedily, until a stop token or ``max_new_tokens`` tokens.
-
-    ``max_new_tokens=None`` lets the reply grow to the engine's ``max_model_len``, as
-    vLLM does for a request that sets no ``max_tokens``. ``on_token(request_id, token)``
-    is called for every token as it is decoded.
-    """
+    """A prompt to continue greedily, until a stop token or ``max_new_tokens`` tokens
+    (None: up to ``max_model_len``); ``on_token(request_id, token)`` sees each token."""
 
     request_id: str
     prompt: Sequence[int]
@@ -106,8 +92,8 @@ class StepRecord:
 class EngineConfig:
     """Pool size in blocks, block size, the step's limits and the batching policy.
 
-    ``max_num_batched_tokens=None`` sets no token budget (every prompt prefills whole);
-    ``max_model_len=None`` is the model's ``max_position_embeddings``.
+    ``max_num_batched_tokens=None``: no token budget (every prompt prefills whole);
+    ``max_model_len=None``: the model's ``max_position_embeddings``.
     """
 
     num_blocks: int
@@ -250,7 +236,7 @@ class Engine:
             self.results[seq.request_id].preemptions = seq.preemptions
         if not plan:
             return False
-        logits = self.model.forward_batch(self._inputs(plan), self.kv)
+        logits = self.model.forward_batch([self._input(c) for c in plan.chunks], self.kv)
         done_at = self.now_s()
         for chunk, row in zip(plan.chunks, logits, strict=True):
             self.results[chunk.seq.request_id].cached_prompt_tokens = chunk.seq.cached_tokens
@@ -258,9 +244,6 @@ class Engine:
                 self._emit(chunk.seq, int(torch.argmax(row)), done_at)
         self.steps.append(self._record(plan, now_s))
         return True
-
-    def _inputs(self, plan: Plan) -> list[SeqInput]:
-        return [self._input(chunk) for chunk in plan.chunks]
 
     def _input(self, chunk: Chunk) -> SeqInput:
         end = chunk.start + chunk.num_tokens

@@ -17,20 +17,18 @@ Standard library only; the torch modules that these formulas are counted against
 live in :mod:`kvlib.nn.mla` and :mod:`kvlib.nn.sparse`.
 """
 
+from kvlib.config import IndexerShape, MLAShape
 from kvlib.mla.cache import (
     KVReduction,
     bits_for_published_reduction,
     cached_elements_per_token,
     equivalent_gqa_groups,
     kv_reduction,
-    require_mla,
     vllm_latent_entry_bytes,
 )
 from kvlib.mla.cost import (
-    IndexerShape,
     LatentReadCost,
     MLAPath,
-    MLAShape,
     MLAStepCost,
     PrefillAttentionFlops,
     latent_read_cost,
@@ -56,7 +54,6 @@ __all__ = [
     "mla_step_cost",
     "node_seats",
     "prefill_attention_flops",
-    "require_mla",
     "vllm_latent_entry_bytes",
     "weight_bytes_per_gpu",
 ]

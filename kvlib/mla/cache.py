@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from fractions import Fraction
 
 from kvlib._validate import is_number, require_int
-from kvlib.config import ConfigError, ModelConfig
+from kvlib.config import MLAShape, ModelConfig
 from kvlib.dtypes import DTYPE_BITS, check_dtype
 from kvlib.sizing import kv_bytes_per_token
 from kvlib.specs import DS_MLA_FP8_BYTES_PER_TOKEN
@@ -30,7 +30,6 @@ __all__ = [
     "cached_elements_per_token",
     "equivalent_gqa_groups",
     "kv_reduction",
-    "require_mla",
     "vllm_latent_entry_bytes",
 ]
 
@@ -44,15 +43,6 @@ _UNSIZED_CACHE_DTYPES = {
         "token: size it from a running engine's 'GPU KV cache size' line instead"
     ),
 }
-
-
-def require_mla(cfg: ModelConfig) -> None:
-    """ConfigError unless ``cfg`` has MLA fields."""
-    if cfg.mla is None:
-        raise ConfigError(
-            f"{cfg.name} is not an MLA model: its config has no 'kv_lora_rank' field; give a "
-            "DeepSeek-V2/V3-style config (kv_lora_rank, qk_rope_head_dim, ...)"
-        )
 
 
 def cached_elements_per_token(cfg: ModelConfig) -> int:
@@ -70,17 +60,16 @@ def equivalent_gqa_groups(cfg: ModelConfig, head_dim: int | None = None) -> Frac
     ``qk_nope_head_dim == v_head_dim``); give it when the two differ. DeepSeek-V2
     paper, section 2.1.4: "equal to GQA with only 2.25 groups".
     """
-    require_mla(cfg)
-    assert cfg.mla is not None
+    mla = MLAShape.from_config(cfg)
     if head_dim is None:
-        if cfg.mla.qk_nope_head_dim != cfg.mla.v_head_dim:
+        if mla.qk_nope_head_dim != mla.v_head_dim:
             raise ValueError(
-                f"{cfg.name}: qk_nope_head_dim ({cfg.mla.qk_nope_head_dim}) and v_head_dim "
-                f"({cfg.mla.v_head_dim}) differ, so d_h is ambiguous: pass head_dim=..."
+                f"{cfg.name}: qk_nope_head_dim ({mla.qk_nope_head_dim}) and v_head_dim "
+                f"({mla.v_head_dim}) differ, so d_h is ambiguous: pass head_dim=..."
             )
-        head_dim = cfg.mla.v_head_dim
+        head_dim = mla.v_head_dim
     require_int(head_dim, "head_dim", 1)
-    return Fraction(cfg.mla.latent_dim, 2 * head_dim)
+    return Fraction(mla.latent_dim, 2 * head_dim)
 
 
 @dataclass(frozen=True)
@@ -196,9 +185,8 @@ def vllm_latent_entry_bytes(cfg: ModelConfig, cache_dtype: str) -> int:
     values, four fp32 scales, 64 bf16 RoPE values). Raises, naming the reason, for a
     dtype whose entry vLLM's code does not define.
     """
-    require_mla(cfg)
-    assert cfg.mla is not None
-    width = cfg.mla.kv_lora_rank + cfg.mla.qk_rope_head_dim
+    mla = MLAShape.from_config(cfg)
+    width = mla.latent_dim
     if cache_dtype in _UNSIZED_CACHE_DTYPES:
         raise ValueError(
             f"cannot size --kv-cache-dtype {cache_dtype}: {_UNSIZED_CACHE_DTYPES[cache_dtype]}"
@@ -208,10 +196,10 @@ def vllm_latent_entry_bytes(cfg: ModelConfig, cache_dtype: str) -> int:
     if cache_dtype in ("fp8", "fp8_e4m3"):
         return width
     if cache_dtype == "fp8_ds_mla":
-        if (cfg.mla.kv_lora_rank, cfg.mla.qk_rope_head_dim) != (512, 64):
+        if (mla.kv_lora_rank, mla.qk_rope_head_dim) != (512, 64):
             raise ValueError(
                 f"fp8_ds_mla is laid out for a 512 + 64 latent; {cfg.name} has "
-                f"{cfg.mla.kv_lora_rank} + {cfg.mla.qk_rope_head_dim}"
+                f"{mla.kv_lora_rank} + {mla.qk_rope_head_dim}"
             )
         return DS_MLA_FP8_BYTES_PER_TOKEN
     raise ValueError(

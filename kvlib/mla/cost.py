@@ -21,15 +21,12 @@ from dataclasses import dataclass
 from typing import Literal
 
 from kvlib._validate import require_int
-from kvlib.config import ConfigError, ModelConfig
+from kvlib.config import IndexerShape, MLAShape
 from kvlib.dtypes import DTYPE_BITS, check_dtype
-from kvlib.mla.cache import require_mla
 
 __all__ = [
-    "IndexerShape",
     "LatentReadCost",
     "MLAPath",
-    "MLAShape",
     "MLAStepCost",
     "PrefillAttentionFlops",
     "latent_read_cost",
@@ -39,81 +36,6 @@ __all__ = [
 
 MLAPath = Literal["naive", "absorbed"]
 _PATHS = ("naive", "absorbed")
-
-
-@dataclass(frozen=True)
-class MLAShape:
-    """The dimensions of one MLA layer (the fields of a DeepSeek-V2/V3 config.json)."""
-
-    hidden_size: int
-    num_heads: int
-    kv_lora_rank: int
-    qk_rope_head_dim: int
-    qk_nope_head_dim: int
-    v_head_dim: int
-    q_lora_rank: int | None = None
-
-    def __post_init__(self) -> None:
-        for name in (
-            "hidden_size",
-            "num_heads",
-            "kv_lora_rank",
-            "qk_rope_head_dim",
-            "qk_nope_head_dim",
-            "v_head_dim",
-        ):
-            require_int(getattr(self, name), name, 1)
-        if self.q_lora_rank is not None:
-            require_int(self.q_lora_rank, "q_lora_rank", 1)
-
-    @classmethod
-    def from_config(cls, cfg: ModelConfig) -> MLAShape:
-        """The shape of ``cfg``'s attention layers."""
-        require_mla(cfg)
-        assert cfg.mla is not None
-        return cls(
-            hidden_size=cfg.hidden_size,
-            num_heads=cfg.num_attention_heads,
-            kv_lora_rank=cfg.mla.kv_lora_rank,
-            qk_rope_head_dim=cfg.mla.qk_rope_head_dim,
-            qk_nope_head_dim=cfg.mla.qk_nope_head_dim,
-            v_head_dim=cfg.mla.v_head_dim,
-            q_lora_rank=cfg.mla.q_lora_rank,
-        )
-
-    @property
-    def latent_dim(self) -> int:
-        """Cached elements per token: ``kv_lora_rank + qk_rope_head_dim``."""
-        return self.kv_lora_rank + self.qk_rope_head_dim
-
-    @property
-    def qk_head_dim(self) -> int:
-        return self.qk_nope_head_dim + self.qk_rope_head_dim
-
-    @property
-    def linear_params(self) -> int:
-        """Weights of the projections a token always goes through (not ``kv_b_proj``).
-
-        ``q_a_proj`` and ``q_b_proj`` (or ``q_proj``), ``kv_a_proj_with_mqa``, ``o_proj``
-        (transformers ``DeepseekV3Attention``, no biases).
-        """
-        h, heads = self.hidden_size, self.num_heads
-        if self.q_lora_rank is None:
-            query = h * heads * self.qk_head_dim
-        else:
-            query = h * self.q_lora_rank + self.q_lora_rank * heads * self.qk_head_dim
-        return query + h * self.latent_dim + heads * self.v_head_dim * h
-
-    @property
-    def kv_b_params(self) -> int:
-        """``kv_b_proj``: ``W_UK`` and ``W_UV``, ``d_c x H x (d_nope + d_v)``."""
-        return self.kv_lora_rank * self.num_heads * (self.qk_nope_head_dim + self.v_head_dim)
-
-    @property
-    def attention_params(self) -> int:
-        """Every weight of the layer's attention: projections, ``kv_b_proj`` and the RMSNorms."""
-        norms = self.kv_lora_rank + (self.q_lora_rank or 0)
-        return self.linear_params + self.kv_b_params + norms
 
 
 @dataclass(frozen=True)
@@ -143,11 +65,6 @@ class MLAStepCost:
     @property
     def bytes_read(self) -> int:
         return self.cache_bytes + self.weight_bytes + self.decompressed_bytes
-
-    @property
-    def flops_per_byte(self) -> float:
-        """Arithmetic intensity: compare with a GPU's ridge point (``GPUSpec``)."""
-        return self.flops / self.bytes_read
 
 
 def mla_step_cost(
@@ -204,31 +121,6 @@ def mla_step_cost(
         weight_bytes=math.ceil(shape.attention_params * weight_bits / 8),
         decompressed_bytes=math.ceil(decompressed * kv_bits / 8),
     )
-
-
-@dataclass(frozen=True)
-class IndexerShape:
-    """DeepSeek Sparse Attention's indexer: ``num_heads`` scoring heads of ``head_dim``,
-    keeping the ``top_k`` best-scored tokens per query (``index_n_heads``,
-    ``index_head_dim``, ``index_topk`` in DeepSeek-V3.2's config: 64, 128, 2048)."""
-
-    num_heads: int
-    head_dim: int
-    top_k: int
-
-    def __post_init__(self) -> None:
-        for name in ("num_heads", "head_dim", "top_k"):
-            require_int(getattr(self, name), name, 1)
-
-    @classmethod
-    def from_config(cls, cfg: ModelConfig) -> IndexerShape:
-        """The config's indexer (``index_n_heads``, ``index_head_dim``, ``index_topk``)."""
-        if cfg.indexer is None:
-            raise ConfigError(
-                f"{cfg.name} has no sparse-attention indexer: a DeepSeek-V3.2 config gives "
-                "'index_n_heads', 'index_head_dim' and 'index_topk'"
-            )
-        return cls(cfg.indexer.num_heads, cfg.indexer.head_dim, cfg.indexer.top_k)
 
 
 @dataclass(frozen=True)

@@ -8,18 +8,13 @@ therefore holds only as many sequences as one GPU. Data-parallel attention
 the price of a whole copy of the attention and other non-expert weights per GPU
 (vLLM docs, "Data Parallel Deployment": for MLA models "it can be advantageous to
 use data parallel for the attention layers").
-
-Weights are counted tensor by tensor (:func:`kvlib.weights.layouts.weight_groups`), at a
-chosen precision or as the checkpoint ships (``weight_dtype=None``: DeepSeek-V3's
-fp8 linear layers with their 128 x 128 block scales, its bf16 embeddings, norms
-and routers; :mod:`kvlib.weights.quantized`).
 """
 
 from __future__ import annotations
 
 from typing import Literal
 
-from kvlib._validate import require_fraction, require_int
+from kvlib._validate import cdiv, require_fraction, require_int
 from kvlib.bounds import kv_bytes_per_gpu
 from kvlib.config import ModelConfig
 from kvlib.dtypes import check_dtype
@@ -77,8 +72,8 @@ def weight_bytes_per_gpu(
     else:
         whole = [g for g in groups if _replicated_under_tp(g)]
         split = [g for g in groups if not _replicated_under_tp(g)]
-    return group_weight_bytes(cfg, whole, weight_dtype) + -(
-        -group_weight_bytes(cfg, split, weight_dtype) // gpus
+    return group_weight_bytes(cfg, whole, weight_dtype) + cdiv(
+        group_weight_bytes(cfg, split, weight_dtype), gpus
     )
 
 

@@ -25,6 +25,7 @@ import torch
 from torch import nn
 
 from kvlib.config import ModelConfig
+from kvlib.nn.mla import rotate_half_split
 from kvlib.specs import FullAttention
 
 __all__ = ["PagedKV", "SeqInput", "TinyDecoder", "tiny_config"]
@@ -90,24 +91,13 @@ class PagedKV:
         """Bytes the cache tensors hold."""
         return sum(t.nbytes for t in self.keys + self.values)
 
-    def copy_block(self, source: int, destination: int, block_size: int) -> None:
-        """Copy one block's slots (copy-on-write of a shared partial block)."""
-        src = slice(source * block_size, (source + 1) * block_size)
-        dst = slice(destination * block_size, (destination + 1) * block_size)
-        for tensor in self.keys + self.values:
-            tensor[dst] = tensor[src]
-
 
 def _rope(x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
     """Rotate-half rotary embedding of ``x`` (N, heads, d) at ``positions`` (N,)."""
     d = x.shape[-1]
     inv_freq = 1.0 / (ROPE_THETA ** (torch.arange(0, d, 2, dtype=torch.float64) / d))
     angles = positions.to(torch.float64)[:, None] * inv_freq[None, :]  # (N, d/2)
-    cos = torch.cat([angles.cos(), angles.cos()], dim=-1).to(x.dtype)[:, None, :]
-    sin = torch.cat([angles.sin(), angles.sin()], dim=-1).to(x.dtype)[:, None, :]
-    half = d // 2
-    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
-    return x * cos + rotated * sin
+    return rotate_half_split(x, angles.cos()[:, None, :], angles.sin()[:, None, :])
 
 
 class _RMSNorm(nn.Module):
@@ -124,11 +114,8 @@ class _Layer(nn.Module):
     def __init__(self, cfg: ModelConfig, dtype: torch.dtype) -> None:
         super().__init__()
         h, d = cfg.hidden_size, cfg.head_dim
-        self.heads, self.kv_heads, self.head_dim = (
-            cfg.num_attention_heads,
-            cfg.num_key_value_heads,
-            d,
-        )
+        self.heads, self.kv_heads = cfg.num_attention_heads, cfg.num_key_value_heads
+        self.head_dim = d
         self.q_proj = nn.Linear(h, self.heads * d, bias=False, dtype=dtype)
         self.k_proj = nn.Linear(h, self.kv_heads * d, bias=False, dtype=dtype)
         self.v_proj = nn.Linear(h, self.kv_heads * d, bias=False, dtype=dtype)

@@ -1,19 +1,11 @@
 """Quantized tensors: what they store, how they read back, and how far off they may be.
 
-Three formats, each in its own module, share the types defined here:
-
-- :mod:`kvlib.nn.quant_int`: int8 with one symmetric scale per channel, and
-  int4 in groups along a row, asymmetric (a scale and a zero point per group),
-  two 4-bit codes packed in each byte.
-- :mod:`kvlib.nn.quant_fp8`: fp8 e4m3 (``torch.float8_e4m3fn``) with one scale
-  per tensor (computed, or static as calibrated elsewhere) or one per token.
-
-Every quantized tensor knows its **stored bytes**, counted from the tensors it
-holds (codes, scales, zero points), never from a formula, so the formulas of
-:mod:`kvlib.weights.params` can be checked against it. Every format also states an
-elementwise **error bound** derived from the format alone (half a step of the
-integer grid; half a unit in the last place of fp8, plus any saturation), and
-:func:`measure_error` checks a round trip against it.
+The formats (:mod:`kvlib.nn.quant_int`, :mod:`kvlib.nn.quant_fp8`) count their
+**stored bytes** from the tensors they hold, never from a formula, so the
+formulas of :mod:`kvlib.weights.params` can be checked against them; each states
+an elementwise **error bound** derived from the format alone (half a step of the
+integer grid; half a unit in the last place of fp8, plus any saturation), which
+:func:`measure_error` checks a round trip against.
 """
 
 from __future__ import annotations
@@ -29,6 +21,7 @@ __all__ = [
     "SMALLEST_SCALE",
     "QuantError",
     "Quantized",
+    "ScaledCodes",
     "check_input",
     "measure_error",
     "tensor_bytes",
@@ -66,6 +59,25 @@ class Quantized(Protocol):
     def error_bound(self, x: torch.Tensor) -> torch.Tensor:
         """Elementwise bound on ``|dequantize() - x|`` for the ``x`` it was made from."""
         ...
+
+
+@dataclass(frozen=True, eq=False)
+class ScaledCodes:
+    """Codes and the float32 scale that broadcasts over them: ``x_hat = codes * scale``."""
+
+    codes: torch.Tensor
+    scale: torch.Tensor
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return tuple(self.codes.shape)
+
+    @property
+    def stored_bytes(self) -> int:
+        return tensor_bytes(self.codes, self.scale)
+
+    def dequantize(self) -> torch.Tensor:
+        return self.codes.to(torch.float32) * self.scale
 
 
 @dataclass(frozen=True)

@@ -31,7 +31,7 @@ from typing import Literal
 import torch
 
 from kvlib._validate import is_number
-from kvlib.nn.quant import FLOAT_SLACK, SMALLEST_SCALE, check_input, tensor_bytes
+from kvlib.nn.quant import FLOAT_SLACK, SMALLEST_SCALE, ScaledCodes, check_input
 
 __all__ = ["FP8_MAX", "Fp8Scaled", "Granularity", "quantize_fp8"]
 
@@ -44,23 +44,11 @@ Granularity = Literal["tensor", "token"]
 
 
 @dataclass(frozen=True, eq=False)
-class Fp8Scaled:
-    """fp8 e4m3 codes and their float32 scale(s)."""
+class Fp8Scaled(ScaledCodes):
+    """fp8 e4m3 codes (the shape of x) and float32 scale(s): shape () per tensor,
+    ``x.shape[:-1] + (1,)`` per token."""
 
-    codes: torch.Tensor  # float8_e4m3fn, the shape of x
-    scale: torch.Tensor  # float32: shape () per tensor, x.shape[:-1] + (1,) per token
     granularity: Granularity
-
-    @property
-    def shape(self) -> tuple[int, ...]:
-        return tuple(self.codes.shape)
-
-    @property
-    def stored_bytes(self) -> int:
-        return tensor_bytes(self.codes, self.scale)
-
-    def dequantize(self) -> torch.Tensor:
-        return self.codes.to(torch.float32).mul_(self.scale)
 
     def saturated(self, x: torch.Tensor) -> torch.Tensor:
         """Where ``|x / s|`` exceeded 448 and was clipped (only a static scale can do this).
@@ -112,16 +100,13 @@ def _from_amax(amax: torch.Tensor) -> torch.Tensor:
 
 
 def _static_scale(scale: float | torch.Tensor) -> torch.Tensor:
-    if isinstance(scale, torch.Tensor):
-        if scale.numel() != 1:
-            raise ValueError(
-                f"scale must be one number for granularity='tensor', got shape {tuple(scale.shape)}"
-            )
-        value = float(scale)
-    elif not is_number(scale):
+    if isinstance(scale, torch.Tensor) and scale.numel() != 1:
+        raise ValueError(
+            f"scale must be one number for granularity='tensor', got shape {tuple(scale.shape)}"
+        )
+    if not isinstance(scale, torch.Tensor) and not is_number(scale):
         raise TypeError(f"scale must be a float or a one-element tensor, got {scale!r}")
-    else:
-        value = float(scale)
+    value = float(scale)
     if not value > 0 or value == float("inf"):
         raise ValueError(f"scale must be a positive finite number, got {scale!r}")
     return torch.tensor(value, dtype=torch.float32)

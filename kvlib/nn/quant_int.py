@@ -19,8 +19,7 @@ Scales are stored in ``scale_dtype`` (fp16 by default for int4, as GPTQ and
 AWQ checkpoints do; fp32 for int8), rounded *up* so the range is still covered,
 and never below :data:`kvlib.nn.quant.SMALLEST_SCALE` (float32's smallest normal
 number), so a range of subnormal values never gets a zero or inexact scale.
-Codes are packed two per byte: column ``2j`` in the low nibble, ``2j + 1`` in
-the high one; zero points are packed the same way.
+Codes and zero points are packed two per byte (:func:`pack_int4`).
 
 llama.cpp's ``q4_0`` (a 4-bit KV cache with ``--cache-type-k q4_0``): blocks of
 32 consecutive values, one fp16 scale each and no zero point; the scale maps the
@@ -39,7 +38,7 @@ from dataclasses import dataclass
 import torch
 
 from kvlib._validate import is_int, require_int
-from kvlib.nn.quant import FLOAT_SLACK, SMALLEST_SCALE, check_input, tensor_bytes
+from kvlib.nn.quant import FLOAT_SLACK, SMALLEST_SCALE, ScaledCodes, check_input, tensor_bytes
 
 __all__ = [
     "Int4Grouped",
@@ -58,23 +57,11 @@ _SCALE_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 
 @dataclass(frozen=True, eq=False)
-class Int8PerChannel:
-    """int8 codes with one float32 scale per index along ``axis``."""
+class Int8PerChannel(ScaledCodes):
+    """int8 codes (the shape of x) with one float32 scale per index along ``axis``
+    (the scale has x's size along axis, 1 elsewhere)."""
 
-    codes: torch.Tensor  # int8, the shape of x
-    scale: torch.Tensor  # float32, size of x along axis, 1 elsewhere (broadcasts)
     axis: int
-
-    @property
-    def shape(self) -> tuple[int, ...]:
-        return tuple(self.codes.shape)
-
-    @property
-    def stored_bytes(self) -> int:
-        return tensor_bytes(self.codes, self.scale)
-
-    def dequantize(self) -> torch.Tensor:
-        return self.codes.to(torch.float32) * self.scale
 
     def error_bound(self, x: torch.Tensor) -> torch.Tensor:
         """Half a step of the channel's grid: ``s_c / 2``."""

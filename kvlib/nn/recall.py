@@ -2,24 +2,11 @@
 
 A synthetic reproduction of a failure reported for real deployments: static KV
 scales calibrated on unrepresentative data pass short tests and break
-retrieval at long context. One attention head, no model:
-
-- Keys have ``head_dim`` channels, ``massive_channels`` of which spread
-  ``massive_std`` times wider than the rest (key outlier channels, the reason
-  KIVI and KVQuant quantize keys per channel). Values are standard normal.
-- The needle's key sits at ``needle_sigmas`` standard deviations on every
-  massive channel, with the signs of the query, which reads those channels
-  only (``q = query_norm / massive_std * signs / sqrt(m)``); attention is
-  ``softmax(q K^T / sqrt(d)) V``.
-- Recall: the attention output is closer (by dot product) to the needle's
-  value than to any other value of the context.
-- K and V are stored in fp8 e4m3 (:mod:`kvlib.nn.quant_fp8`) with static
-  per-tensor scales (vLLM's ``k_scale`` / ``v_scale``) or per-token scales,
-  or in llama.cpp's 4-bit ``q4_0`` (:func:`kvlib.nn.quant_int.quantize_q4_0`,
-  blocks of 32 channels of each token, one fp16 scale each).
-- ``massive_share`` < 1 moves part of the query's weight onto ``ordinary_read``
-  ordinary channels, on which the needle also stands out: how much the
-  collapse depends on a query that reads only the saturating channels.
+retrieval at long context. One attention head (:class:`Head`), no model: keys
+with a few massive outlier channels (the reason KIVI and KVQuant quantize keys
+per channel), a needle key at ``needle_sigmas`` standard deviations on them, a
+query that reads them, ``softmax(q K^T / sqrt(d)) V``. Recall: the attention
+output is closer (by dot product) to the needle's value than to any other value.
 
 Static scales come from calibration keys and values: ``max|x| / divisor``,
 ``divisor`` 448 as llm-compressor stores them (the largest calibrated value
@@ -42,7 +29,7 @@ and a fair tie-break finds the needle with probability ``E[1 / (1 + N)] =
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -59,7 +46,6 @@ __all__ = [
     "RecallCurve",
     "calibrate",
     "recall_curves",
-    "recall_table",
     "tie_recall_bound",
 ]
 
@@ -101,14 +87,12 @@ class Head:
         if self.ordinary_read < 1:
             raise ValueError(f"ordinary_read must be >= 1, got {self.ordinary_read!r}")
 
-    def keys(self, tokens: int, generator: torch.Generator) -> torch.Tensor:
-        """Haystack keys, (tokens, head_dim)."""
+    def keys(self, tokens: int, generator: torch.Generator) -> torch.Tensor:  # (tokens, d)
         k = torch.randn(tokens, self.head_dim, generator=generator)
         k[:, : self.massive_channels] *= self.massive_std
         return k
 
-    def values(self, tokens: int, generator: torch.Generator) -> torch.Tensor:
-        """Values, (tokens, head_dim), N(0, 1): no massive channels."""
+    def values(self, tokens: int, generator: torch.Generator) -> torch.Tensor:  # N(0, 1)
         return torch.randn(tokens, self.head_dim, generator=generator)
 
     def needle_keys(self, signs: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
@@ -146,12 +130,8 @@ class Head:
 
 @dataclass(frozen=True)
 class Calibration:
-    """How K and V are stored: fp8 with static per-tensor scales, per-token scales, or not at all.
-
-    ``k_scale`` / ``v_scale``: static scales (``max|x| / 448`` of the calibration
-    data); ``per_token=True``: scales computed from each token as it is written;
-    neither: the cache stays in float32 (the reference).
-    """
+    """How K and V are stored: fp8 with static per-tensor scales (vLLM's ``k_scale`` /
+    ``v_scale``), fp8 with per-token scales, llama.cpp's ``q4_0``, or float32 (neither)."""
 
     name: str
     k_scale: float | None = None
@@ -187,12 +167,7 @@ def calibrate(
     k_divisor: float = FP8_MAX,
     v_divisor: float = FP8_MAX,
 ) -> Calibration:
-    """Static per-tensor scales from calibration data: ``max|x| / divisor``.
-
-    The default divisor, 448, is llm-compressor's; vLLM's ``calc_kv_scales`` uses
-    :data:`VLLM_K_SCALE_CONSTANT` (200) for keys and :data:`VLLM_V_SCALE_CONSTANT`
-    (100) for values.
-    """
+    """Static per-tensor scales from calibration data: ``max|x| / divisor`` (see the module doc)."""
     for label, divisor in (("k_divisor", k_divisor), ("v_divisor", v_divisor)):
         if not divisor > 0:
             raise ValueError(f"{label} must be positive, got {divisor!r}")
@@ -322,13 +297,3 @@ def _check_contexts(contexts: Sequence[int]) -> list[int]:
     if values != sorted(set(values)):
         raise ValueError(f"contexts must be increasing, got {values}")
     return values
-
-
-def recall_table(curves: Mapping[str, RecallCurve]) -> str:
-    """The curves as a plain-text table, one row per context."""
-    names = list(curves)
-    first = curves[names[0]]
-    lines = [f"{'context':>9}" + "".join(f"{n:>16}" for n in names)]
-    for i, tokens in enumerate(first.contexts):
-        lines.append(f"{tokens:>9,}" + "".join(f"{curves[n].recall[i]:>16.1%}" for n in names))
-    return "\n".join(lines)

@@ -94,8 +94,8 @@ class BlockPool:
     def __init__(
         self, num_blocks: int, block_size: int, *, enable_prefix_caching: bool = True
     ) -> None:
-        for name, value in (("num_blocks", num_blocks), ("block_size", block_size)):
-            require_int(value, name, 1)
+        require_int(num_blocks, "num_blocks", 1)
+        require_int(block_size, "block_size", 1)
         self.block_size = block_size
         self.enable_prefix_caching = enable_prefix_caching
         self.blocks: tuple[Block, ...] = tuple(Block(i) for i in range(num_blocks))

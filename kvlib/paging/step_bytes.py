@@ -72,7 +72,8 @@ def paged_step_bytes(
     require_int(context_tokens, "context_tokens", 1)
     require_int(batch, "batch", 1)
     require_int(block_size, "block_size", 1)
-    if any(spec.vllm_page_type() != ("full", None) for spec in cfg.layers):
+    # Every layer must page every token: no window (cap) and no borrowed cache (no pages).
+    if any(spec.vllm_page_type() is None or spec.cap_tokens is not None for spec in cfg.layers):
         raise ValueError(
             f"{cfg.name} has layers that are not full attention: paged_step_bytes reads "
             "every block of every layer; size sliding layers by their window instead"

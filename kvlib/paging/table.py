@@ -1,22 +1,14 @@
-"""A paged KV cache: a pool of fixed-size blocks, and a block table per sequence.
+"""A paged KV cache: a block table per sequence over a :class:`~kvlib.paging.block_pool.BlockPool`.
 
-The design follows vLLM v1: ``BlockPool`` in ``vllm/v1/core/block_pool.py`` (read at
-commit ``002f34915134``), ``FreeKVCacheBlockQueue``, ``KVCacheBlock`` and the block
-hashes in ``vllm/v1/core/kv_cache_utils.py`` (read at commit ``001cabc1be16``):
+The design follows vLLM v1 (the pool's module names the files and commits):
 
-- The pool (:mod:`kvlib.paging.block_pool`, re-exported here) holds ``num_blocks``
-  blocks of ``block_size`` token slots. Free blocks wait in a doubly linked
-  list (O(1) pop from the head, append to the tail, and removal from the
-  middle when a cached block is reused).
 - Each block has a reference count: the number of sequences whose block
   table lists it. A block returns to the free queue when its count reaches 0.
 - Prefix caching: a *full* block is registered under its hash
-  (:mod:`kvlib.paging.prefix`: parent hash, token ids, extra keys). A freed cached
-  block keeps its hash while it waits in the free queue, so a later prompt
-  with the same prefix takes it back instead of recomputing it. Allocation
-  pops the least recently freed block and only then forgets its hash: the
-  free queue is the LRU eviction order. A sequence frees its blocks tail
-  first, so the end of a prefix is evicted before its beginning.
+  (:mod:`kvlib.paging.prefix`: parent hash, token ids, extra keys), and keeps it
+  while it waits in the free queue, so a later prompt with the same prefix takes
+  it back instead of recomputing it. A sequence frees its blocks tail first, so
+  the end of a prefix is evicted before its beginning.
 - A sequence forked from another (parallel sampling) shares all its blocks;
   writing into a shared, partly filled last block first copies it
   (copy-on-write). Full blocks are never written again, so they never copy.

@@ -39,7 +39,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kvlib._validate import cdiv, is_int, require_int
+from kvlib._validate import cdiv, require_int
 from kvlib.config import ModelConfig
 from kvlib.hardware import VLLM_GPU_MEMORY_UTILIZATION, GPUSpec, vllm_budget_bytes
 from kvlib.specs import CacheSpec, vllm_group_spec
@@ -216,10 +216,7 @@ def kv_pool(
     max_num_batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS,
 ) -> KVPool:
     """vLLM's pool for ``cfg`` in ``kv_memory_bytes`` of KV memory per GPU."""
-    if not is_int(kv_memory_bytes):
-        raise ValueError(f"kv_memory_bytes must be an int number of bytes, got {kv_memory_bytes!r}")
-    if kv_memory_bytes < 0:
-        raise ValueError(f"kv_memory_bytes must be non-negative, got {kv_memory_bytes:,}")
+    require_int(kv_memory_bytes, "kv_memory_bytes")
     require_int(max_model_len, "max_model_len", 1)
     require_int(max_num_batched_tokens, "max_num_batched_tokens", 1)
     groups = kv_cache_groups(cfg, block_size, kv_dtype, tp)

@@ -18,12 +18,7 @@ as a per-second rate admits 60 times too much.
 
 LLM-token limits charge an estimate at admission (prompt tokens plus the
 request's ``max_tokens``) and :meth:`TokenBucket.reconcile` settles it with the
-tokens actually used: an over-estimate is refunded, an under-estimate charged
-(the bucket may go negative, a debt the refill pays off).
-
-:mod:`kvlib.serving.ratelimit` keeps the same rule in Redis, for many gateways;
-this module uses the standard library only (a simulator's clock, a test's
-clock, or ``time.monotonic``).
+tokens actually used. :mod:`kvlib.serving.ratelimit` keeps the same rule in Redis.
 """
 
 from __future__ import annotations
@@ -60,12 +55,10 @@ def per_minute(limit_per_minute: float) -> float:
 class Decision:
     """The limiter's answer for one request.
 
-    ``remaining`` is the tokens left after the decision (for
-    :class:`~kvlib.serving.ratelimit.RedisRateLimiter`, in its LLM-token
-    bucket; its request bucket's count is ``remaining_requests``); ``None``
-    when unknown (failing open without Redis). ``retry_after_s`` is 0 when
-    admitted, else the seconds until the request's cost is back in every
-    bucket it needs.
+    ``remaining``: tokens left after it (a two-bucket limiter's LLM-token bucket;
+    its request bucket's is ``remaining_requests``), None when unknown (failing
+    open). ``retry_after_s``: 0 when admitted, else the seconds until the cost is
+    back in every bucket it needs.
     """
 
     admitted: bool

@@ -22,9 +22,6 @@ Sources: L. Kleinrock, *Queueing Systems, Vol. 1: Theory* (Wiley, 1975), ch. 3
 (M/M/k: P_Q and E[T_Q] = P_Q / (k*mu - lambda)); D. Gross, J. Shortle, J. Thompson
 and C. Harris, *Fundamentals of Queueing Theory*, 4th ed. (Wiley, 2008), ch. 2
 (M/M/c, including the waiting-time distribution).
-
-The argument checks here (``check_rate`` ...) are shared with
-:mod:`kvlib.serving.priority`. Standard library only.
 """
 
 from __future__ import annotations

@@ -25,8 +25,7 @@ instant, where they meet the same empty bucket again; exponential backoff
 with "full jitter" (wait a uniform time in ``[0, min(cap, base x 2^n)]``;
 M. Brooker, "Exponential Backoff And Jitter", AWS Architecture Blog, 2015)
 spreads them. :func:`simulate_retries` replays a burst against a
-:class:`~kvlib.serving.bucket.TokenBucket` under either policy. Standard
-library only.
+:class:`~kvlib.serving.bucket.TokenBucket` under either policy.
 """
 
 from __future__ import annotations
@@ -36,6 +35,7 @@ import math
 import random
 from dataclasses import dataclass
 
+from kvlib._validate import require_int
 from kvlib.serving.bucket import TokenBucket
 
 __all__ = [
@@ -59,11 +59,7 @@ def _share(name: str, value: float, *, top_open: bool = False) -> float:
 
 
 def _retries(max_retries: int | None) -> int | None:
-    if max_retries is not None and (
-        isinstance(max_retries, bool) or not isinstance(max_retries, int) or max_retries < 0
-    ):
-        raise ValueError(f"max_retries must be a whole number >= 0 or None, got {max_retries!r}")
-    return max_retries
+    return None if max_retries is None else require_int(max_retries, "max_retries")
 
 
 def served_share(refuse_share: float, max_retries: int | None) -> float:
@@ -183,18 +179,14 @@ def simulate_retries(
     policy: RetryPolicy,
     *,
     seed: int = 0,
-    spread_s: float = 0.0,
 ) -> RetryRun:
-    """Replay ``requests`` first attempts (uniform over ``spread_s`` seconds; 0: all at
-    once) against a full bucket; refused ones retry under ``policy`` until admitted or
-    out of attempts."""
-    if isinstance(requests, bool) or not isinstance(requests, int) or requests < 1:
-        raise ValueError(f"requests must be a whole number >= 1, got {requests!r}")
+    """Replay ``requests`` first attempts, all at once, against a full bucket; refused
+    ones retry under ``policy`` until admitted or out of attempts."""
+    require_int(requests, "requests", 1)
     rng = random.Random(seed)
     now = [0.0]
     bucket = TokenBucket(capacity, refill_per_s, clock=lambda: now[0])
-    heap = [(rng.uniform(0, spread_s) if spread_s > 0 else 0.0, i, 1) for i in range(requests)]
-    heapq.heapify(heap)
+    heap = [(0.0, i, 1) for i in range(requests)]
     times: list[float] = []
     oks: list[bool] = []
     while heap:

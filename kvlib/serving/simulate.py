@@ -1,31 +1,27 @@
 """A GPU pool with a gateway, simulated: the check on every closed form of the queueing module.
 
-The pool has ``servers`` batch slots (GPUs x slots per GPU); a request holds
-one slot for its whole service time, which here does not depend on how full
-the batch is. Requests come in two classes: paid ones are served before free
-ones, without evicting a running request (non-preemptive priority), first
-come first served within a class. The gateway may refuse a free arrival
-(HTTP 429) before it reaches the pool: at random (a share ``shed_free``), when
-a token bucket for the free tier is empty, or when it would have to wait
-behind ``free_queue_limit`` other free requests.
+The pool has ``servers`` batch slots; a request holds one slot for its whole
+service time, which here does not depend on how full the batch is. Paid
+requests are served before free ones, without evicting a running request
+(non-preemptive priority), first come first served within a class. The
+gateway (:class:`Gateway`) may refuse a free arrival (HTTP 429) before it
+reaches the pool.
 
-Two simulators of that model, fed the same :class:`ArrivalTrace` (arrival times,
-classes, service times and one random coin per request), give the same
-waits, up to floating-point rounding:
+Two simulators of that model, fed the same :class:`ArrivalTrace`, give the
+same waits up to floating-point rounding: :func:`simulate_pool_simpy` (SimPy's
+``PriorityResource``, the field's standard tool and the reference) and
+:func:`simulate_pool` (a heap of slot release times and two FIFO queues, fast
+enough for a million arrivals in seconds). :func:`lindley_waits` is the
+single-server FIFO case in closed recursion (Lindley, 1952):
+``W[n+1] = max(0, W[n] + S[n] - A[n+1])``.
 
-- :func:`simulate_pool_simpy`: the discrete-event model written with SimPy's
-  ``PriorityResource`` (the field's standard tool, and the reference);
-- :func:`simulate_pool`: the same events with a heap of slot release times and
-  two FIFO queues, fast enough for a million arrivals in seconds.
-
-:func:`lindley_waits` is the single-server first-come-first-served case in
-closed recursion (Lindley, 1952): ``W[n+1] = max(0, W[n] + S[n] - A[n+1])``,
-which unrolls to the random walk ``X`` minus its running minimum, computed
-by numpy without a Python loop.
-
-:func:`batch_means`, :class:`Estimate` and :func:`t_quantile`, which turn a long,
-autocorrelated run into a confidence interval, live in
-:mod:`kvlib.serving.confidence` and are re-exported here.
+Waits of successive requests are correlated (a long queue stays long for a
+while), so the textbook standard error of a mean is too small. :func:`batch_means`
+drops a warm-up, cuts the rest of the run into contiguous batches, computes the
+statistic (a mean or a quantile) per batch and treats the batch values as roughly
+independent: their mean +- ``t * sd / sqrt(batches)`` (A. M. Law, *Simulation
+Modeling and Analysis*, 5th ed., McGraw-Hill 2015, ch. 9, batch means).
+:func:`t_quantile` gives Student's t without scipy.
 """
 
 from __future__ import annotations
@@ -34,13 +30,14 @@ import heapq
 import math
 from collections import deque
 from dataclasses import dataclass
+from statistics import NormalDist
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
 from kvlib.serving.bucket import TokenBucket
-from kvlib.serving.confidence import Estimate, batch_means, t_quantile
+from kvlib.serving.erlang import check_seconds, check_servers
 
 __all__ = [
     "ArrivalTrace",
@@ -57,6 +54,73 @@ __all__ = [
 
 Floats = npt.NDArray[np.float64]
 Bools = npt.NDArray[np.bool_]
+
+
+def t_quantile(p: float, df: int) -> float:
+    """Student's t quantile by the Cornish-Fisher expansion (Abramowitz & Stegun 26.7.5).
+
+    Within 2e-4 of the tables for ``df >= 9`` at ``p <= 0.995``.
+    """
+    if df < 9:
+        raise ValueError(f"t_quantile needs df >= 9 for its accuracy, got {df}")
+    z = NormalDist().inv_cdf(p)
+    terms = (
+        (z**3 + z) / 4,
+        (5 * z**5 + 16 * z**3 + 3 * z) / 96,
+        (3 * z**7 + 19 * z**5 + 17 * z**3 - 15 * z) / 384,
+        (79 * z**9 + 776 * z**7 + 1482 * z**5 - 1920 * z**3 - 945 * z) / 92160,
+    )
+    return z + sum(term / float(df) ** (k + 1) for k, term in enumerate(terms))
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """A simulated statistic and its confidence interval ``value +- half_width``."""
+
+    value: float
+    half_width: float
+    confidence: float
+    batches: int
+
+    @property
+    def low(self) -> float:
+        return self.value - self.half_width
+
+    @property
+    def high(self) -> float:
+        return self.value + self.half_width
+
+    def contains(self, x: float) -> bool:
+        """Whether ``x`` lies inside the interval."""
+        return self.low <= x <= self.high
+
+
+def batch_means(
+    values: Floats,
+    *,
+    q: float | None = None,
+    batches: int = 20,
+    confidence: float = 0.95,
+    warmup_fraction: float = 0.05,
+) -> Estimate:
+    """The mean (or ``q``-quantile) of ``values`` with a batch-means confidence interval.
+
+    Drops the first ``warmup_fraction`` (the pool starts empty), cuts the rest
+    into ``batches`` contiguous batches, computes the statistic per batch, and
+    returns their mean +- ``t(confidence, batches - 1) * sd / sqrt(batches)``.
+    A quantile that sits at the atom of zero waits (``P(W > 0)`` near ``1 - q``)
+    is poorly estimated this way: each batch's quantile jumps between 0 and a
+    positive value. Compare such quantiles through ``P(W > t)`` instead.
+    """
+    if batches < 10:
+        raise ValueError(f"batches must be at least 10, got {batches}")
+    data = np.asarray(values, dtype=float)[int(len(values) * warmup_fraction) :]
+    if len(data) < 10 * batches:
+        raise ValueError(f"{len(data)} values after warm-up are too few for {batches} batches")
+    parts = np.array_split(data, batches)
+    stats = np.array([np.quantile(p, q) if q is not None else p.mean() for p in parts])
+    half = t_quantile(0.5 + confidence / 2, batches - 1) * stats.std(ddof=1) / math.sqrt(batches)
+    return Estimate(float(stats.mean()), float(half), confidence, batches)
 
 
 @dataclass(frozen=True)
@@ -77,9 +141,8 @@ def poisson_workload(
 ) -> ArrivalTrace:
     """``arrivals`` requests: Poisson at ``paid + free`` per second, exponential services.
 
-    Each request is paid with probability ``paid / (paid + free)``, which splits
-    the stream into two independent Poisson streams. Seeded: the same
-    arguments give the same workload.
+    Each is paid with probability ``paid / (paid + free)``, which splits the
+    stream into two independent Poisson streams.
     """
     total = paid_per_s + free_per_s
     if not (paid_per_s >= 0 and free_per_s >= 0 and total > 0 and math.isfinite(total)):
@@ -87,8 +150,7 @@ def poisson_workload(
             f"paid_per_s and free_per_s must be >= 0 with a positive sum, got "
             f"{paid_per_s!r} and {free_per_s!r}"
         )
-    if not (service_s > 0 and math.isfinite(service_s)):
-        raise ValueError(f"service_s must be a positive number of seconds, got {service_s!r}")
+    check_seconds("service_s", service_s)
     if arrivals < 1:
         raise ValueError(f"arrivals must be at least 1, got {arrivals!r}")
     rng = np.random.default_rng(seed)
@@ -126,6 +188,15 @@ class Gateway:
         capacity, refill_per_s = self.free_bucket
         return now, TokenBucket(capacity, refill_per_s, clock=lambda: now[0])
 
+    def refuses(self, coin: float, bucket: TokenBucket | None, waiting: int, busy: bool) -> bool:
+        """Whether a free arrival is refused, the rules in order (``waiting``: free
+        requests already queued; ``busy``: every slot taken)."""
+        if coin < self.shed_free:
+            return True
+        if bucket is not None and not bucket.try_acquire().admitted:
+            return True
+        return self.free_queue_limit is not None and busy and waiting >= self.free_queue_limit
+
 
 @dataclass(frozen=True)
 class PoolRun:
@@ -151,11 +222,9 @@ class PoolRun:
 
 def simulate_pool(workload: ArrivalTrace, servers: int, gateway: Gateway | None = None) -> PoolRun:
     """The pool, event by event, without SimPy: a heap of slot release times, two queues."""
-    if servers < 1:
-        raise ValueError(f"servers must be at least 1, got {servers!r}")
+    check_servers(servers)
     gate = gateway or Gateway()
     now, bucket = gate.meter()
-    limit = math.inf if gate.free_queue_limit is None else gate.free_queue_limit
     arrival, service = workload.arrival_s.tolist(), workload.service_s.tolist()
     paid, coin = workload.paid.tolist(), workload.coin.tolist()
     wait = [math.nan] * len(arrival)
@@ -174,11 +243,7 @@ def simulate_pool(workload: ArrivalTrace, servers: int, gateway: Gateway | None 
             start_next()
         if not paid[i]:
             now[0] = t
-            if coin[i] < gate.shed_free:
-                continue
-            if bucket is not None and not bucket.try_acquire().admitted:
-                continue
-            if len(free_queue) >= limit and release[0] > t:  # it would wait behind `limit`
+            if gate.refuses(coin[i], bucket, len(free_queue), release[0] > t):
                 continue
         admitted[i] = True
         if release[0] <= t:  # a slot is idle (the queues are empty here)
@@ -197,8 +262,7 @@ def simulate_pool_simpy(
     """The same pool as a SimPy model: a ``PriorityResource`` of ``servers`` slots."""
     import simpy
 
-    if servers < 1:
-        raise ValueError(f"servers must be at least 1, got {servers!r}")
+    check_servers(servers)
     gate = gateway or Gateway()
     clock, bucket = gate.meter()
     env = simpy.Environment()
@@ -223,12 +287,8 @@ def simulate_pool_simpy(
             paid = bool(workload.paid[i])
             if not paid:
                 clock[0] = env.now
-                if workload.coin[i] < gate.shed_free:
-                    continue
-                if bucket is not None and not bucket.try_acquire().admitted:
-                    continue
-                limit = gate.free_queue_limit
-                if limit is not None and free_waiting[0] >= limit and slots.count == servers:
+                busy = slots.count == servers
+                if gate.refuses(workload.coin[i], bucket, free_waiting[0], busy):
                     continue
             admitted[i] = True
             env.process(request(i, paid))

@@ -1,13 +1,10 @@
 """From seats to slots: the queue in front of one engine, with a decode step that slows as
 the batch fills.
 
-A GPU's *seats* (chapter 1: sequences whose caches fit) and the engine's cap on
-running sequences (vLLM's ``max_num_seqs``) bound the requests decoding at once:
-the pool's servers are ``c = min(max_num_seqs, seats)``. A request holds its slot
-while it generates its output, so its service time is its output tokens times the
-decode step. The step is not fixed: each step reads the weights once and every
-running sequence's cache (chapter 4's bandwidth bound), so with ``n`` sequences
-running it takes ``step(n)`` and a request's mean service is
+The pool's servers are ``c = min(max_num_seqs, seats)`` (chapter 1's seats, vLLM's
+``max_num_seqs``). A request holds its slot while it generates its output; each
+step reads the weights once and every running sequence's cache (chapter 4's
+bandwidth bound), so with ``n`` sequences running a request's mean service is
 ``S(n) = tokens x step(n)``.
 
 The queue is then a birth-death chain with a load-dependent service rate
@@ -24,12 +21,10 @@ taking output lengths as exponential so the chain is Markov:
   with ``S(c)`` in place of ``S``.
 
 With ``S(n) = S`` for every ``n`` this is exactly M/M/c
-(:func:`kvlib.serving.erlang.mmc`); the tests check that and a direct simulation
-of the chain. For service times that are not exponential,
+(:func:`kvlib.serving.erlang.mmc`). For service times that are not exponential,
 :func:`allen_cunneen_wait_s` scales the M/M/c mean wait by ``(C_a^2 + C_s^2) / 2``
 (Allen, *Probability, Statistics, and Queueing Theory*, 2nd ed., 1990, §6.4; Whitt,
 "Approximations for the GI/G/m queue", 1993), checked against the simulator.
-Standard library only.
 """
 
 from __future__ import annotations
@@ -39,6 +34,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from kvlib.serving.erlang import (
+    QueueStats,
     UnstableQueueError,
     check_quantile,
     check_rate,
@@ -58,11 +54,7 @@ __all__ = [
 
 
 def pool_slots(max_num_seqs: int, seats: int) -> int:
-    """``c = min(max_num_seqs, seats)``: the requests that can decode at once.
-
-    ``seats``: sequences whose caches fit (chapter 1); ``max_num_seqs``: the
-    engine's cap on running sequences (vLLM's ``--max-num-seqs``).
-    """
+    """``c = min(max_num_seqs, seats)``: the requests that can decode at once."""
     for name, value in (("max_num_seqs", max_num_seqs), ("seats", seats)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(f"{name} must be a whole number >= 1, got {value!r}")
@@ -87,26 +79,12 @@ def in_flight(arrivals_per_s: float, time_in_system_s: float) -> float:
 
 
 @dataclass(frozen=True)
-class LoadDependentStats:
-    """Steady-state waits in queue when the service time depends on the batch."""
+class LoadDependentStats(QueueStats):
+    """Steady-state waits in queue when the service time depends on the batch:
+    ``service_s`` is ``S(c)``, a request's mean service when every slot is busy, and
+    ``utilization`` is ``lambda S(c) / c``, the load against the full pool's rate."""
 
-    arrivals_per_s: float
-    servers: int
-    full_service_s: float  # S(c): a request's mean service when every slot is busy
-    utilization: float  # lambda S(c) / c: the load against the full pool's rate
-    p_wait: float
-    mean_wait_s: float
-    p95_wait_s: float
     mean_running: float  # requests decoding at once, on average (the mean batch)
-
-    @property
-    def decay_per_s(self) -> float:
-        """``c / S(c) - lambda``: the rate at which the wait's tail falls off."""
-        return self.servers / self.full_service_s - self.arrivals_per_s
-
-    def wait_percentile_s(self, q: float) -> float:
-        """The ``q``-quantile of the wait in queue."""
-        return tail_quantile_s(self.p_wait, self.decay_per_s, check_quantile(q))
 
 
 def _check_services(service_s_by_batch: Sequence[float]) -> list[float]:
@@ -144,7 +122,7 @@ def load_dependent_mmc(
     running = (sum(n * w for n, w in enumerate(weights[:c])) + c * tail) / total
     decay = c / full - lam
     return LoadDependentStats(
-        lam, c, full, rho, p_wait, p_wait / decay, tail_quantile_s(p_wait, decay, 0.95), running
+        lam, full, c, rho, p_wait, p_wait / decay, tail_quantile_s(p_wait, decay, 0.95), running
     )
 
 

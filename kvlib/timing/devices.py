@@ -1,13 +1,10 @@
 """What is being timed on: the device, its name, and the cache a cold run must flush.
 
-A GPU is named by ``torch.cuda.get_device_name``; a CPU by ``/proc/cpuinfo``
-(or :mod:`platform`) and torch's thread count, so a CPU time always says it
-is one. :func:`cuda_device_facts` and :func:`nvidia_smi` record what a GPU
-run must carry (capability, L2, driver, clocks, temperature, power), and
-:func:`clock_reader` reads the clocks and the reasons they are held down while
-work runs. A GPU is addressed by its PCI bus id, which names the same board
-for torch, NVML and nvidia-smi whatever ``CUDA_VISIBLE_DEVICES`` renumbers.
-torch and NVML are imported inside the functions.
+:func:`cuda_device_facts` and :func:`nvidia_smi` record what a GPU run must
+carry (capability, L2, driver, clocks, temperature, power); :func:`clock_reader`
+reads the clocks and why they are held down while work runs. A GPU is addressed
+by its PCI bus id, which names the same board for torch, NVML and nvidia-smi
+whatever ``CUDA_VISIBLE_DEVICES`` renumbers.
 """
 
 from __future__ import annotations

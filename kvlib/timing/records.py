@@ -1,24 +1,20 @@
 """Measurements as JSON: what ``scripts/gpu_check.py`` writes and the book reads back.
 
-One file is one run on one GPU: a preflight (software versions, the device
-and its memory, which optional features are present), then one entry per
-section of the check saying whether it ran, failed (the exception's type and
-message, with the section's settings) or was skipped (the reason), and every
-measurement with its settings, median, quantiles, bytes and FLOPs. The check
-rewrites the file after each measurement, so a run cut short is still a file:
-:func:`read_run` takes it as it comes and says what ran and what did not.
-
-It accepts only a run whose device is a CUDA GPU and whose every measurement
-was timed with CUDA events, and refuses a rehearsal (the same check run on a
-CPU at tiny sizes), so a CPU timing can never be shown as a GPU figure.
-Standard library only.
+One file is one run on one GPU: a preflight, one entry per section of the
+check (ran, failed with the exception and settings, or skipped with the
+reason), and every measurement. The check rewrites the file after each
+measurement, so a run cut short is still a file: :func:`read_run` takes it as
+it comes. It accepts only a run whose device is a CUDA GPU and whose every
+measurement was timed with CUDA events, and refuses a rehearsal (the check run
+on a CPU at tiny sizes), so a CPU timing can never be shown as a GPU figure.
 """
 
 from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +41,13 @@ SCHEMA = "kvlib-gpu-check/2"
 # A section is pending until it starts; "running" in a file means the run stopped inside it.
 SECTION_STATUSES = ("pending", "running", "ok", "failed", "skipped", "interrupted")
 _NUMBERS = ("median_s", "p20_s", "p80_s", "bandwidth_bytes_per_s", "flops_per_s")
+# How a Measurement field's JSON value is read, by the field's annotation.
+_READERS: dict[str, Callable[[Any], Any]] = {
+    "str": str,
+    "int": int,
+    "float": float,
+    "dict[str, Any]": dict,
+}
 # Measurement names: the contiguous KV read and its paged variant.
 KV_READ, PAGED_KV_READ = "kv-read/", "kv-read-paged/"
 
@@ -167,21 +170,8 @@ def _measurement(raw: dict[str, Any], where: str) -> Measurement:
             raise ValueError(f"{where}: {key} must be a finite number >= 0, got {value!r}")
     if not _field(raw, "median_s", where) > 0:
         raise ValueError(f"{where}: median_s must be positive")
-    return Measurement(
-        name=str(_field(raw, "name", where)),
-        description=str(_field(raw, "description", where)),
-        settings=dict(_field(raw, "settings", where)),
-        clock=clock,
-        cache=str(_field(raw, "cache", where)),
-        reps=int(_field(raw, "reps", where)),
-        median_s=float(raw["median_s"]),
-        p20_s=float(raw["p20_s"]),
-        p80_s=float(raw["p80_s"]),
-        bytes_moved=int(_field(raw, "bytes_moved", where)),
-        flops=int(_field(raw, "flops", where)),
-        bandwidth_bytes_per_s=float(raw["bandwidth_bytes_per_s"]),
-        flops_per_s=float(raw["flops_per_s"]),
-    )
+    read = {f.name: _READERS[str(f.type)](_field(raw, f.name, where)) for f in fields(Measurement)}
+    return Measurement(**read)
 
 
 def _section(name: str, raw: Any, where: str) -> Section:

@@ -15,8 +15,6 @@ The counts here are the minimum traffic of each operation: every operand read
 once, every output written once. A copy of ``N`` bytes moves ``2N`` (read
 and write), the convention of STREAM's Copy kernel (McCalpin, STREAM
 benchmark: 16 bytes per iteration of ``a(i) = b(i)`` on 8-byte words).
-
-Standard library only: the roofline of a datasheet needs no torch.
 """
 
 from __future__ import annotations
@@ -28,7 +26,6 @@ from kvlib.hardware import GPUSpec
 
 __all__ = [
     "Machine",
-    "arithmetic_intensity",
     "copy_bytes_moved",
     "decode_attention_bytes",
     "decode_attention_flops",
@@ -87,14 +84,6 @@ def machine_from_gpu(gpu: GPUSpec, dtype: str = "bf16") -> Machine:
     else:
         raise ValueError(f"{gpu.name} has no dense {dtype} figure: use dtype 'bf16' or 'fp8'")
     return Machine(gpu.name, peak, gpu.hbm_bandwidth_bytes_per_s, f"datasheet: {gpu.source}")
-
-
-def arithmetic_intensity(flops: float, bytes_moved: float) -> float:
-    """``flops / bytes_moved``, in FLOPs per byte."""
-    if flops < 0:
-        raise ValueError(f"flops must be >= 0, got {flops!r}")
-    require_positive(bytes_moved, "bytes_moved")
-    return flops / bytes_moved
 
 
 def copy_bytes_moved(n_bytes: int) -> int:

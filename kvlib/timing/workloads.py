@@ -1,11 +1,7 @@
 """What the course times: a copy, a read, a matrix multiply, decode attention over a KV cache.
 
-Each builder allocates its tensors on the device once and returns a
-:class:`Kernel`: a no-argument function to pass to
-:func:`kvlib.timing.bench`, and the bytes it moves and FLOPs it does, counted
-by :mod:`kvlib.timing.roofline` (minimum traffic: each operand read once, each
-output written once; a copy counts ``2 N``). torch is imported inside the
-builders.
+Each builder allocates its tensors on the device once and returns a :class:`Kernel`
+with the bytes it moves and the FLOPs it does, counted by :mod:`kvlib.timing.roofline`.
 """
 
 from __future__ import annotations
@@ -62,10 +58,6 @@ def torch_dtype(dtype: str) -> Any:
     return getattr(torch, TORCH_DTYPES[name])
 
 
-def _element_bytes(dtype: Any) -> int:
-    return int(dtype.itemsize)
-
-
 def copy(n_bytes: int, device: str) -> Kernel:
     """``dst.copy_(src)`` of ``n_bytes`` on one device: ``2 N`` bytes moved (read + write)."""
     import torch
@@ -95,7 +87,7 @@ def matmul(m: int, n: int, k: int, dtype: str, device: str) -> Kernel:
 
     flops = roofline.matmul_flops(m, n, k)
     kind = torch_dtype(dtype)
-    moved = roofline.matmul_bytes(m, n, k, _element_bytes(kind))
+    moved = roofline.matmul_bytes(m, n, k, int(kind.itemsize))
     where = resolve_device(device)
     a = torch.randn(m, k, dtype=kind, device=where)
     b = torch.randn(k, n, dtype=kind, device=where)
@@ -129,7 +121,7 @@ def decode_attention(
     flops = roofline.decode_attention_flops(batch, heads, context_tokens, head_dim)
     kind = torch_dtype(dtype)
     moved = roofline.decode_attention_bytes(
-        batch, heads, kv_heads, context_tokens, head_dim, _element_bytes(kind)
+        batch, heads, kv_heads, context_tokens, head_dim, int(kind.itemsize)
     )
     where = resolve_device(device)
     q = torch.randn(batch, heads, 1, head_dim, dtype=kind, device=where)  # (B, H, 1, d)

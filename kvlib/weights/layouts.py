@@ -13,16 +13,17 @@ count kvlib cannot make exactly is reported as unknown, never guessed.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
+import math
 from dataclasses import dataclass
 from typing import Literal
 
 from kvlib.config import ConfigError, ModelConfig
 from kvlib.weights.families import FAMILY_LAYERS, LayerTensors, vision_groups
+from kvlib.weights.tensors import RoleName
 
-__all__ = ["Role", "UnknownLayout", "WeightGroup", "known_families", "weight_groups"]
-
-Role = Literal["linear", "expert", "embedding", "lm_head", "norm", "bias", "router", "other"]
+__all__ = ["UnknownLayout", "WeightGroup", "known_families", "weight_groups"]
 
 
 class UnknownLayout(ConfigError):
@@ -42,7 +43,7 @@ class WeightGroup:
 
     module: str
     shape: tuple[int, ...]
-    role: Role
+    role: RoleName
     layers: tuple[int, ...] = ()
     copies_per_layer: int = 1
     active_per_layer: int | None = None
@@ -51,10 +52,7 @@ class WeightGroup:
     @property
     def elements(self) -> int:
         """Elements of one tensor: the product of ``shape``."""
-        total = 1
-        for size in self.shape:
-            total *= size
-        return total
+        return math.prod(self.shape)
 
     @property
     def copies(self) -> int:
@@ -103,7 +101,7 @@ def weight_groups(cfg: ModelConfig) -> tuple[WeightGroup, ...]:
     if cfg.vocab_size is None:
         raise ConfigError(f"{cfg.name}: missing field 'vocab_size', needed to count the weights")
     tensors: LayerTensors = builder(cfg)
-    groups = [_group(*t) for t in tensors.outside]
+    groups = [WeightGroup(*t) for t in tensors.outside]
     for index in range(cfg.num_hidden_layers):
         for module, shape, role, copies, active in tensors.per_layer(index):
             groups.append(WeightGroup(module, shape, role, (index,), copies, active))
@@ -118,10 +116,6 @@ def weight_groups(cfg: ModelConfig) -> tuple[WeightGroup, ...]:
     return tuple(_merge(groups))
 
 
-def _group(module: str, shape: tuple[int, ...], role: Role) -> WeightGroup:
-    return WeightGroup(module, shape, role)
-
-
 def _merge(groups: list[WeightGroup]) -> list[WeightGroup]:
     """Fold per-layer groups that differ only in their layer into one group."""
     merged: dict[tuple[object, ...], WeightGroup] = {}
@@ -134,16 +128,7 @@ def _merge(groups: list[WeightGroup]) -> list[WeightGroup]:
             group.active_per_layer,
         )
         if group.layers and key in merged:
-            old = merged[key]
-            merged[key] = WeightGroup(
-                group.module,
-                group.shape,
-                group.role,
-                old.layers + group.layers,
-                group.copies_per_layer,
-                group.active_per_layer,
-                group.part,
-            )
+            merged[key] = dataclasses.replace(group, layers=merged[key].layers + group.layers)
         else:
             merged[key if group.layers else (*key, len(merged))] = group
     return list(merged.values())

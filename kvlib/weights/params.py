@@ -94,19 +94,20 @@ def weight_bytes(
     An 8B model: 16 GB at bf16, about 4 GB at 4 bits, and 4 GB + 125 MB with an
     fp16 scale per 128 weights.
     """
-    if weight_dtype is None:
-        if group_size is not None:
-            raise ValueError("group_size applies to a chosen weight_dtype, not to as-shipped")
-        shipped = shipped_weights(cfg)
-        if shipped.bytes is None:
-            raise ConfigError(shipped.note)
-        return shipped.bytes
-    count = param_count(cfg)
-    total = bytes_for(count, weight_dtype)
+    if weight_dtype is None and group_size is not None:
+        raise ValueError("group_size applies to a chosen weight_dtype, not to as-shipped")
+    total = group_weight_bytes(cfg, weight_groups(cfg), weight_dtype)
     if group_size is not None:
         require_int(group_size, "group_size", 1)
-        total += bytes_for(cdiv(count, group_size), scale_dtype)
+        total += bytes_for(cdiv(param_count(cfg), group_size), scale_dtype)
     return total
+
+
+def _as_shipped(cfg: ModelConfig, groups: Sequence[WeightGroup]) -> ShippedWeights:
+    base = check_dtype(cfg.dtype or "bf16")
+    if cfg.quantization is None:
+        return ShippedWeights(bytes_for(sum(g.count for g in groups), base), base)
+    return shipped_bytes(groups, cfg.quantization, base)
 
 
 def shipped_weights(cfg: ModelConfig) -> ShippedWeights:
@@ -116,14 +117,11 @@ def shipped_weights(cfg: ModelConfig) -> ShippedWeights:
     modules listed in ``modules_to_not_convert``) are counted in ``torch_dtype``
     (bf16 when the file gives none).
     """
-    base = check_dtype(cfg.dtype or "bf16")
     try:
         groups = weight_groups(cfg)
     except UnknownLayout as err:
         return ShippedWeights(None, "unknown", str(err))
-    if cfg.quantization is None:
-        return ShippedWeights(bytes_for(sum(g.count for g in groups), base), base)
-    return shipped_bytes(groups, cfg.quantization, base)
+    return _as_shipped(cfg, groups)
 
 
 def group_weight_bytes(
@@ -132,10 +130,7 @@ def group_weight_bytes(
     """Bytes of some of a model's tensors, at ``weight_dtype`` or as shipped (None)."""
     if weight_dtype is not None:
         return bytes_for(sum(g.count for g in groups), weight_dtype)
-    base = check_dtype(cfg.dtype or "bf16")
-    if cfg.quantization is None:
-        return bytes_for(sum(g.count for g in groups), base)
-    shipped = shipped_bytes(groups, cfg.quantization, base)
+    shipped = _as_shipped(cfg, groups)
     if shipped.bytes is None:
         raise ConfigError(shipped.note)
     return shipped.bytes

@@ -26,17 +26,25 @@ each draw's right value. What only some chapters need is a parameter, not a copy
 ``draws(exhaustive_up_to=...)`` samples a challenge with too many combinations to run
 them all (chapter 5), ``run(also_grade=True)`` lets the real ``expect`` grade the
 reference answer as nbgrader would (chapter 6).
+
+The checks every chapter's sweep makes are written once, at the end:
+``assert_solved_with_distinct_mistakes`` (each draw solved, each named mistake outside the
+tolerance and apart from the others, no hint quoting the answer),
+``assert_visible_check_accepts_right_answers`` and ``assert_prompts_draw_as_hidden_tests``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import io
 import itertools
 import json
 import math
 import random
 import re
 from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from types import CodeType
 from typing import Any
@@ -173,3 +181,94 @@ def run(source: str, draw: Numbers, /, *, also_grade: bool = False, **names: Any
         exec(compiled(source), namespace)
     namespace["_expect"] = recorded
     return namespace
+
+
+@dataclass(frozen=True)
+class Graded:
+    """One draw of a challenge: the reference solution's ``answer``, and what the hidden
+    test passed to ``expect`` (``right``, ``rel`` and the named ``mistakes``; ``kwargs``
+    is every keyword argument but the expected value, to replay the real ``expect``)."""
+
+    draw: Numbers
+    answer: Any
+    right: float
+    rel: float
+    mistakes: list[tuple[str, float]]
+    kwargs: dict[str, Any]
+
+
+def graded_draws(
+    notebook: Notebook, grade_id: str, *, after_numbers_cell: bool = False
+) -> list[Graded]:
+    """Every draw of ``grade_id``: its reference solution run, then graded by its hidden
+    test. With ``after_numbers_cell`` the solution runs after the prompt's numbers cell
+    (where that cell defines names the solution uses, such as a config)."""
+    hidden = notebook.hidden(grade_id)
+    solution = SOLUTION.search(notebook.cells[f"answer_{grade_id}"])
+    assert solution is not None, f"answer_{grade_id} has no solution"
+    source = solution.group(1)
+    if after_numbers_cell:
+        source = notebook.cells[f"numbers_{grade_id}"] + "\n" + source
+    challenge, options = choices(hidden)
+    results = []
+    for draw in draws(challenge, options):
+        with contextlib.redirect_stdout(io.StringIO()):
+            answer = run(source, draw, N=draw, **notebook.units)[grade_id]
+        graded = run(hidden, draw, **{grade_id: answer})["_expect"]
+        kwargs = {k: v for k, v in graded.items() if k != "expected"}
+        mistakes = list(graded["mistakes"].items())
+        results.append(
+            Graded(draw, answer, graded["expected"], graded.get("rel", 1e-9), mistakes, kwargs)
+        )
+    assert len(results) == math.prod(len(list(c)) for c in options.values())
+    return results
+
+
+def assert_solved_with_distinct_mistakes(
+    notebook: Notebook,
+    grade_id: str,
+    *,
+    min_mistakes: int = 3,
+    after_numbers_cell: bool = False,
+    distinct: bool = True,
+) -> list[Graded]:
+    """Every draw is a sensible problem (a positive answer) that the solution gets right;
+    it names at least ``min_mistakes`` mistakes, each outside twice the tolerance, and no
+    hint quotes the answer. With ``distinct``, no two mistakes share a value (a value with
+    two hints would make the diagnosis ambiguous). Returns the draws for a chapter's own
+    further checks."""
+    results = graded_draws(notebook, grade_id, after_numbers_cell=after_numbers_cell)
+    for g in results:
+        assert g.right > 0, (g.draw, g.right)
+        assert math.isclose(g.answer, g.right, rel_tol=max(g.rel, 1e-12)), (g.draw, g.answer)
+        assert len(g.mistakes) >= min_mistakes, (g.draw, g.mistakes)
+        for hint, wrong in g.mistakes:
+            assert not math.isclose(wrong, g.right, rel_tol=2 * max(g.rel, 1e-9)), (
+                f"{g.draw}: the mistake {hint!r} gives {wrong}, too close to {g.right}"
+            )
+            for quoted in quoted_numbers(hint):
+                assert not math.isclose(quoted, g.right, rel_tol=5e-3), (g.draw, hint)
+        values = [w for _, w in g.mistakes] if distinct else []
+        for i, a in enumerate(values):
+            assert not any(math.isclose(a, b, rel_tol=1e-6) for b in values[i + 1 :]), g.draw
+    return results
+
+
+def quoted_numbers(hint: str) -> list[float]:
+    """The numbers in ``hint`` as a learner reads them: "1,024" is 1024; not the "16" of
+    fp16, nor the 20 of 2^20."""
+    found = re.findall(r"(?<![\w.^])\d+(?:\.\d+)?(?![\w^])", hint.replace(",", ""))
+    return [float(n) for n in found]
+
+
+def assert_visible_check_accepts_right_answers(notebook: Notebook, grade_id: str) -> None:
+    """The prompt's visible check (``check_<grade_id>``) passes every draw's right value."""
+    check = compiled(notebook.cells[f"check_{grade_id}"])
+    for _, right in notebook.right_values(grade_id):
+        exec(check, {"plausible": grading.plausible, grade_id: right})
+
+
+def assert_prompts_draw_as_hidden_tests(notebook: Notebook) -> None:
+    """Each prompt's numbers cell draws from the same choices as its hidden test."""
+    for grade_id in notebook.tests:
+        assert choices(notebook.hidden(grade_id)) == choices(notebook.cells[f"numbers_{grade_id}"])

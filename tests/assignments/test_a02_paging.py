@@ -13,7 +13,6 @@ import math
 
 import pytest
 
-import kvlib.grading as grading
 from assignments import sweep
 from kvlib.config import load_config
 from kvlib.grading import sliding_config
@@ -43,43 +42,16 @@ def test_seven_challenges_worth_fourteen_points() -> None:
 
 @pytest.mark.parametrize("grade_id", TESTS)
 def test_every_draw_is_sensible_solved_and_its_mistakes_distinct(grade_id: str) -> None:
-    hidden = sweep.HIDDEN.search(CELLS[grade_id])
-    solution = sweep.SOLUTION.search(CELLS[f"answer_{grade_id}"])
-    assert hidden is not None and solution is not None
-    challenge, choices = sweep.choices(hidden.group(1))
-    draws = 0
-    for draw in sweep.draws(challenge, choices):
-        draws += 1
-        answer = sweep.run(solution.group(1), draw, N=draw, **UNITS)[grade_id]
-        graded = sweep.run(hidden.group(1), draw, **{grade_id: answer})["_expect"]
-        right, rel = graded["expected"], graded.get("rel", 1e-9)
-        assert right > 0, (draw, right)
-        assert math.isclose(answer, right, rel_tol=max(rel, 1e-12)), (draw, answer, right)
-        wrongs = list(graded["mistakes"].items())
-        assert len(wrongs) >= 3
-        for hint, wrong in wrongs:
-            assert not math.isclose(wrong, right, rel_tol=2 * max(rel, 1e-9)), (
-                f"{draw}: the mistake {hint!r} gives {wrong}, too close to {right}"
-            )
-            assert f"{right:,}" not in hint and str(right) not in hint, "a hint leaks the answer"
-        # Two hints for one wrong value would make the diagnosis ambiguous.
-        values = [w for _, w in wrongs]
-        for i, a in enumerate(values):
-            assert not any(math.isclose(a, b, rel_tol=1e-6) for b in values[i + 1 :]), draw
-    assert draws == math.prod(len(list(c)) for c in choices.values())
+    sweep.assert_solved_with_distinct_mistakes(NOTEBOOK, grade_id)
 
 
 @pytest.mark.parametrize("grade_id", TESTS)
 def test_the_visible_check_accepts_every_right_answer(grade_id: str) -> None:
-    check = CELLS[f"check_{grade_id}"]
-    for _, right in NOTEBOOK.right_values(grade_id):
-        exec(sweep.compiled(check), {"plausible": grading.plausible, grade_id: right})
+    sweep.assert_visible_check_accepts_right_answers(NOTEBOOK, grade_id)
 
 
 def test_the_prompt_draws_the_numbers_the_hidden_test_draws() -> None:
-    for grade_id in TESTS:
-        hidden = NOTEBOOK.hidden(grade_id)
-        assert sweep.choices(hidden) == sweep.choices(CELLS[f"numbers_{grade_id}"])
+    sweep.assert_prompts_draw_as_hidden_tests(NOTEBOOK)
 
 
 def test_the_fork_formula_is_what_the_block_pool_does() -> None:

@@ -11,15 +11,11 @@ by a recorder, so the right value and the mistakes are the hidden test's own.
 
 from __future__ import annotations
 
-import contextlib
 import functools
-import io
-import math
 from typing import Any
 
 import pytest
 
-import kvlib.grading as grading
 from assignments import sweep
 from kvlib.bounds import kv_bytes_per_gpu
 from kvlib.capacity.crossover import crossover
@@ -47,42 +43,19 @@ def test_seven_challenges_worth_fourteen_points() -> None:
 
 @pytest.mark.parametrize("grade_id", TESTS)
 def test_every_draw_is_sensible_solved_and_its_mistakes_distinct(grade_id: str) -> None:
-    hidden = NOTEBOOK.hidden(grade_id)
-    solution = sweep.SOLUTION.search(CELLS[f"answer_{grade_id}"])
-    assert solution is not None
-    draws = 0
-    for draw in sweep.draws(*sweep.choices(hidden)):
-        draws += 1
-        # The student's cell runs after the numbers cell (which may define `config`).
-        student = CELLS[f"numbers_{grade_id}"] + "\n" + solution.group(1)
-        with contextlib.redirect_stdout(io.StringIO()):
-            answer = sweep.run(student, draw, **UNITS)[grade_id]
-        graded = sweep.run(hidden, draw, **{grade_id: answer})["_expect"]
-        right, rel = graded["expected"], graded.get("rel", 1e-9)
-        assert right > 0, (draw, right)
-        assert math.isclose(answer, right, rel_tol=max(rel, 1e-12)), (draw, answer, right)
-        wrongs = list(graded["mistakes"].items())
-        assert len(wrongs) >= MIN_MISTAKES.get(grade_id, 3), (draw, wrongs)
-        for hint, wrong in wrongs:
-            assert not math.isclose(wrong, right, rel_tol=2 * max(rel, 1e-9)), (draw, hint)
-            assert f"{right:,}" not in hint and str(right) not in hint, "a hint leaks the answer"
-        values = [w for _, w in wrongs]
-        for i, a in enumerate(values):
-            assert not any(math.isclose(a, b, rel_tol=1e-6) for b in values[i + 1 :]), draw
-    assert draws == math.prod(len(list(c)) for c in sweep.choices(hidden)[1].values())
+    # The student's cell runs after the numbers cell (which may define `config`).
+    sweep.assert_solved_with_distinct_mistakes(
+        NOTEBOOK, grade_id, min_mistakes=MIN_MISTAKES.get(grade_id, 3), after_numbers_cell=True
+    )
 
 
 @pytest.mark.parametrize("grade_id", TESTS)
 def test_the_visible_check_accepts_every_right_answer(grade_id: str) -> None:
-    check = CELLS[f"check_{grade_id}"]
-    for _, right in NOTEBOOK.right_values(grade_id):
-        exec(sweep.compiled(check), {"plausible": grading.plausible, grade_id: right})
+    sweep.assert_visible_check_accepts_right_answers(NOTEBOOK, grade_id)
 
 
 def test_the_prompt_draws_the_numbers_the_hidden_test_draws() -> None:
-    for grade_id in TESTS:
-        hidden = NOTEBOOK.hidden(grade_id)
-        assert sweep.choices(hidden) == sweep.choices(CELLS[f"numbers_{grade_id}"])
+    sweep.assert_prompts_draw_as_hidden_tests(NOTEBOOK)
 
 
 @functools.cache

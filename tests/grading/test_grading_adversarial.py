@@ -34,13 +34,14 @@ from grading_support import (
     NOTEBOOK,
     POINTS,
     RIGHT,
-    ROOT,
     TOTAL,
+    MiB,
     built_once,
     errors,
     expected,
     grade_id,
     grades,
+    new_course,
     read,
     submission,
     write,
@@ -48,11 +49,9 @@ from grading_support import (
 
 from course.batch import main as make_grade
 from course.limits import Limits
-from course.scratch import make_course, run_nbgrader
 
 pytestmark = pytest.mark.notebooks
 
-MiB = 2**20
 LIMITS = Limits(
     memory_bytes=512 * MiB, output_bytes=256 * 1024, notebook_s=20, scratch_bytes=16 * MiB,
     file_bytes=8 * MiB,
@@ -312,10 +311,8 @@ class Batch:
 
 
 def _grade_class(folder: Path) -> dict[str, Any]:
-    course = make_course(folder, ROOT, [ASSIGNMENT], timeout_s=3, limits=LIMITS)
-    (course / "solutions" / ASSIGNMENT / "data").write_text("released with the assignment\n")
-    run_nbgrader(course, "generate_assignment", ASSIGNMENT, "--force")
-    release = course / "exercises" / ASSIGNMENT / f"{NOTEBOOK}.ipynb"
+    course, release = new_course(folder, timeout_s=3, limits=LIMITS,
+                                 files={"data": "released with the assignment\n"})
     for name in STUDENTS:
         submitted = course / "submitted" / name / ASSIGNMENT
         if name == "not_a_notebook":

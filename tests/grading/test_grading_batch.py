@@ -15,8 +15,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from grading_support import ASSIGNMENT, CHALLENGES, CLASS, NOTEBOOK, graded_class, grades, read
-from nbgrader.api import Gradebook
+from grading_support import (
+    ASSIGNMENT,
+    CHALLENGES,
+    CLASS,
+    NOTEBOOK,
+    cell_scores,
+    graded_class,
+    grades,
+    read,
+)
 
 from course.batch import main as make_grade
 
@@ -36,16 +44,6 @@ class Runs:
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> Runs:
     return Runs(*graded_class(tmp_path_factory))
-
-
-def cell_scores(course: Path) -> dict[tuple[str, str], tuple[float, float | None]]:
-    with Gradebook(f"sqlite:///{course / 'gradebook.db'}") as gb:
-        return {
-            (nb.student.id, grade.name): (grade.score, grade.auto_score)
-            for submission in gb.find_assignment(ASSIGNMENT).submissions
-            for nb in submission.notebooks
-            for grade in nb.grades
-        }
 
 
 def test_batch_succeeded(runs: Runs) -> None:

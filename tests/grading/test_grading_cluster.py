@@ -12,7 +12,6 @@ notebooks must be equal. Then a worker is killed in the middle of a batch.
 from __future__ import annotations
 
 import contextlib
-import copy
 import json
 import os
 import re
@@ -36,21 +35,24 @@ from grading_support import (
     RIGHT,
     ROOT,
     TOTAL,
-    grade_id,
+    MiB,
+    cell_scores,
+    copy_course,
+    duplicated_answer,
     grades,
+    new_course,
     read,
     submission,
+    submitted,
     write,
 )
-from nbgrader.api import Gradebook
 
 from course.batch import main as make_grade
 from course.limits import Limits
-from course.scratch import make_course, run_nbgrader
+from course.scratch import make_course
 
 pytestmark = pytest.mark.notebooks
 
-MiB = 2**20
 LIMITS = Limits(memory_bytes=512 * MiB, output_bytes=64 * 1024, notebook_s=30)
 BIN = Path(sys.executable).parent
 LOSE_SEATS = TOTAL - POINTS["seats"]
@@ -61,10 +63,6 @@ ALWAYS_EQUAL = (
 
 
 def _students(release: Path) -> dict[str, Any]:
-    pasted = submission(RIGHT, release)
-    index = [grade_id(c) for c in pasted.cells].index("answer_seats")
-    pasted.cells.insert(index, copy.deepcopy(pasted.cells[index]))
-    pasted.cells[index]["id"] = "pasted"
     return {
         "honest": submission(RIGHT, release),
         "cheat": submission({**RIGHT, "answer_bytes_per_token": ALWAYS_EQUAL}, release),
@@ -72,7 +70,7 @@ def _students(release: Path) -> dict[str, Any]:
             {**RIGHT, "answer_seats": f"print('x' * 2_000_000)\n{RIGHT['answer_seats']}"}, release
         ),
         "loop": submission({**RIGHT, "answer_seats": "while True:\n    pass"}, release),
-        "pasted": pasted,
+        "pasted": duplicated_answer(release),
     }
 
 
@@ -82,6 +80,8 @@ SCORES = {
     "flood": (TOTAL, "output truncated"),
     "loop": (LOSE_SEATS, "did not finish"),
     "pasted": (TOTAL, "appeared 2 times"),
+    # An honest notebook beside a link to the solution: set aside on the client, never sent.
+    "linked": (TOTAL, "answers.txt is a link or special file: left out of grading"),
 }
 
 
@@ -140,19 +140,12 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
 
 
 def _class_course(folder: Path) -> Path:
-    course = make_course(folder, ROOT, [ASSIGNMENT], timeout_s=3, limits=LIMITS)
-    run_nbgrader(course, "generate_assignment", ASSIGNMENT, "--force")
-    release = course / "exercises" / ASSIGNMENT / f"{NOTEBOOK}.ipynb"
+    course, release = new_course(folder, timeout_s=3, limits=LIMITS)
     for name, nb in _students(release).items():
-        write(nb, course / "submitted" / name / ASSIGNMENT / f"{NOTEBOOK}.ipynb")
+        write(nb, submitted(course, name))
+    linked = write(submission(RIGHT, release), submitted(course, "linked"))
+    (linked.parent / "answers.txt").symlink_to(course / "solutions" / ASSIGNMENT / linked.name)
     return course
-
-
-def _copy(course: Path, target: Path) -> Path:
-    shutil.copytree(course, target)
-    config = (target / "nbgrader_config.py").read_text().replace(str(course), str(target))
-    (target / "nbgrader_config.py").write_text(config)
-    return target
 
 
 @dataclass
@@ -167,7 +160,7 @@ class Runs:
 def runs(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Runs:
     folder = tmp_path_factory.mktemp("two_places")
     local = _class_course(folder / "local")
-    remote = _copy(local, folder / "remote")
+    remote = copy_course(local, folder / "remote")
     here = os.getcwd()
     try:
         status_local = make_grade([ASSIGNMENT, "--jobs", "2", "--course", str(local)])
@@ -177,16 +170,6 @@ def runs(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Runs:
         os.chdir(here)
     log = (remote / ".nbgrader.log").read_text()
     return Runs(local, remote, (status_local, status_remote), log)
-
-
-def cell_scores(course: Path) -> dict[tuple[str, str], tuple[float, float | None]]:
-    with Gradebook(f"sqlite:///{course / 'gradebook.db'}") as gb:
-        return {
-            (nb.student.id, grade.name): (grade.score, grade.auto_score)
-            for submission in gb.find_assignment(ASSIGNMENT).submissions
-            for nb in submission.notebooks
-            for grade in nb.grades
-        }
 
 
 def test_both_batches_succeeded(runs: Runs) -> None:
@@ -220,6 +203,19 @@ def test_same_graded_notebooks_and_feedback(runs: Runs) -> None:
         assert "HIDDEN TESTS" not in html.read_text()
 
 
+def test_same_graded_folders(runs: Runs) -> None:
+    """The same files, with the same permissions, in each student's graded folder; the link
+    left out of both; no half-written folder left behind."""
+    def listing(course: Path, student: str) -> dict[str, int]:
+        folder = course / "autograded" / student / ASSIGNMENT
+        return {str(p.relative_to(folder)): p.stat().st_mode for p in folder.rglob("*")}
+
+    for student in SCORES:
+        assert listing(runs.remote, student) == listing(runs.local, student), student
+    assert "answers.txt" not in listing(runs.remote, "linked")
+    assert sorted(p.name for p in (runs.remote / "autograded").iterdir()) == sorted(SCORES)
+
+
 def test_rerun_grades_only_what_is_missing(runs: Runs, cluster: Cluster,
                                            capsys: pytest.CaptureFixture[str]) -> None:
     """As after an interrupted client: graded students are skipped, a missing one graded."""
@@ -239,7 +235,7 @@ def test_rerun_grades_only_what_is_missing(runs: Runs, cluster: Cluster,
 def test_unreachable_scheduler_is_one_line(tmp_path: Path,
                                            capsys: pytest.CaptureFixture[str]) -> None:
     course = make_course(tmp_path / "course", ROOT, [ASSIGNMENT])
-    write(submission(RIGHT), course / "submitted" / "ann" / ASSIGNMENT / f"{NOTEBOOK}.ipynb")
+    write(submission(RIGHT), submitted(course, "ann"))
     address = "tcp://127.0.0.1:9"  # the discard port: nothing listens there
     assert make_grade([ASSIGNMENT, "--course", str(course), "--scheduler", address]) == 2
     err = capsys.readouterr().err.strip()
@@ -300,7 +296,7 @@ def test_guide_commands_verbatim(tmp_path: Path) -> None:
     students = {"amara": submission(RIGHT, release),
                 "bo": submission({**RIGHT, "answer_seats": "seats = 1"}, release)}
     for name, nb in students.items():
-        write(nb, course / "submitted" / name / ASSIGNMENT / f"{NOTEBOOK}.ipynb")
+        write(nb, submitted(course, name))
     env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": os.environ.get("HOME", "/tmp"),
            "LANG": "C.UTF-8"}
     log = tmp_path / "commands.log"

@@ -8,7 +8,6 @@ export must be those the SQLite gradebook gives, and nothing is written to a
 
 from __future__ import annotations
 
-import copy
 from pathlib import Path
 from typing import Any
 
@@ -23,8 +22,9 @@ from grading_support import (
     ROOT,
     TOTAL,
     built_once,
-    grade_id,
+    duplicated_answer,
     grades,
+    submitted,
     write,
 )
 from grading_support import submission as notebook
@@ -42,18 +42,14 @@ def _grade_class(folder: Path) -> dict[str, Any]:
     with postgres_server() as url:
         course = make_course(folder, ROOT, [ASSIGNMENT], db_url=url)
         release = ROOT / "exercises" / ASSIGNMENT / f"{NOTEBOOK}.ipynb"
-        pasted = notebook(RIGHT, release)
-        index = [grade_id(c) for c in pasted.cells].index("answer_prefill_s")
-        pasted.cells.insert(index, copy.deepcopy(pasted.cells[index]))
-        pasted.cells[index]["id"] = "pasted"
         students = {
             "ada": notebook(RIGHT, release),
             "ben": notebook({**RIGHT, "answer_seats": CLASSIC_WRONG["seats"][0]}, release),
-            "cy": pasted,
+            "cy": duplicated_answer(release, "answer_prefill_s"),
             "dee": notebook({}, release),
         }
         for name, nb in students.items():
-            write(nb, course / "submitted" / name / ASSIGNMENT / f"{NOTEBOOK}.ipynb")
+            write(nb, submitted(course, name))
         status = make_grade([ASSIGNMENT, "--jobs", "2", "--course", str(course)])
         with psycopg2.connect(url) as db, db.cursor() as cur:
             cur.execute(

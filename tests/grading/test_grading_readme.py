@@ -8,7 +8,6 @@ of the README's instructor section runs, exactly as written, with a plain PATH.
 
 from __future__ import annotations
 
-import copy
 import os
 import re
 import shutil
@@ -25,8 +24,9 @@ from grading_support import (
     RIGHT,
     ROOT,
     TOTAL,
-    grade_id,
+    duplicated_answer,
     grades,
+    submitted,
     write,
 )
 from grading_support import submission as notebook
@@ -70,17 +70,13 @@ def test_instructor_commands_verbatim(tmp_path: Path) -> None:
     clone(course)
     assert not (course / "gradebook.db").exists() and not (course / "submitted").exists()
     release = course / "exercises" / ASSIGNMENT / f"{NOTEBOOK}.ipynb"
-    pasted = notebook(RIGHT, release)
-    index = [grade_id(c) for c in pasted.cells].index("answer_seats")
-    pasted.cells.insert(index, copy.deepcopy(pasted.cells[index]))
-    pasted.cells[index]["id"] = "pasted"
     students = {
         "amara": notebook(RIGHT, release),
         "bo": notebook({**RIGHT, "answer_seats": CLASSIC_WRONG["seats"][0]}, release),
-        "chen": pasted,
+        "chen": duplicated_answer(release),
     }
     for name, nb in students.items():
-        write(nb, course / "submitted" / name / ASSIGNMENT / f"{NOTEBOOK}.ipynb")
+        write(nb, submitted(course, name))
     env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": os.environ.get("HOME", "/tmp"),
            "LANG": "C.UTF-8"}
     dry = subprocess.run(["make", "-n", "grade", f"ASSIGNMENT={ASSIGNMENT}"], cwd=course, env=env,

@@ -137,6 +137,10 @@ def test_check_notebook_names_a_notebook_it_cannot_find(
     monkeypatch.delenv("JPY_SESSION_NAME", raising=False)
     check_notebook()
     assert "cannot tell which notebook" in capsys.readouterr().out
+    check_notebook("unsaved.ipynb")
+    assert capsys.readouterr().out.splitlines() == [
+        "kvlib grade: no notebook is saved at unsaved.ipynb; save it, or name the saved one"
+    ]
 
 
 @pytest.mark.parametrize("kind", ["missing", "not json", "foreign notebook", "bad student id"])

@@ -26,7 +26,7 @@ import transformers
 from kvlib import sizing
 from kvlib.config import ModelConfig, bundled_config_path, bundled_models, load_config
 
-pytestmark = pytest.mark.reference
+pytestmark = [pytest.mark.reference, pytest.mark.usefixtures("one_torch_thread")]
 
 PROMPT_TOKENS = 11  # below every bundled window (the smallest is gpt-oss's 128)
 DECODE_TOKENS = 2
@@ -36,13 +36,8 @@ SMALL_WINDOW = 16  # for full-depth runs past the window of models whose real on
 
 
 @pytest.fixture(autouse=True, scope="module")
-def one_thread() -> Iterator[None]:
-    """Run torch on one thread: these models are tiny, and on a shared two-core
-    machine a second thread costs more in synchronisation than it gains."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
+def _free_models() -> Iterator[None]:
     yield
-    torch.set_num_threads(before)
     built.cache_clear()  # the models are not needed past this module
 
 

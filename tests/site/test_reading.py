@@ -7,13 +7,19 @@ The limits and the parsing are scripts/measure_pages.py's (run it for the figure
 - from the built site (the one test_site.py builds): no line of text output wider than
   TEXT_WIDTH_LIMIT characters;
 - in headless Chromium at 1300 and 390 px: the page never scrolls sideways (a wide
-  table or formula may scroll inside its own box).
+  table or formula may scroll inside its own box);
+- from the page sources: every vLLM or transformers source path in the prose links the
+  file at a named commit (vLLM) or at the tag of the pinned transformers version, one
+  commit per file throughout the book, and no code cell names such a path (a comment
+  cannot link it).
 """
 
 from __future__ import annotations
 
+import ast
 import asyncio
 import json
+import re
 import statistics
 import sys
 from collections.abc import Iterator
@@ -215,3 +221,180 @@ def test_calculator_table_rows_are_the_commands_own() -> None:
         assert "  " not in label
     seats = [value for label, value in rows if label.startswith("seats at")]
     assert seats == [str(json.loads(result["json"])["seats"])]
+
+
+# A vLLM or transformers source path as the prose writes it, in backticks.
+SOURCE_PATH = re.compile(r"`((?:vllm|transformers)/[^`\s]*)`")
+# A Markdown link whose text is one backticked path: [`path`](url).
+LINKED_PATH = re.compile(r"\[`([^`\s]+)`\]\(([^)\s]+)\)")
+VLLM_LINK = re.compile(
+    r"https://github\.com/vllm-project/vllm/(?:blob|tree)/(?P<commit>[0-9a-f]{7,40})/(?P<path>\S+)"
+)
+TRANSFORMERS_LINK = re.compile(
+    r"https://github\.com/huggingface/transformers/blob/v(?P<version>[^/]+)/src/(?P<path>\S+)"
+)
+# A path of either source inside a code cell, where no link can go.
+CODE_SOURCE_PATH = re.compile(r"(?<![\w/.-])(?:vllm|transformers)/[\w/.-]+\.py\b")
+BOOK_PAGES = sorted((ROOT / "book").glob("**/*.md"))
+
+
+def pinned_transformers() -> str:
+    """The transformers version requirements.txt pins (the one the oracles ran)."""
+    found = re.search(r"^transformers==(\S+)$", (ROOT / "requirements.txt").read_text(), re.M)
+    assert found, "requirements.txt pins no transformers version"
+    return found.group(1)
+
+
+def prose(text: str) -> str:
+    """The page without its fenced blocks (code cells, directives' code, logs)."""
+    kept: list[str] = []
+    fence = ""
+    for line in text.splitlines():
+        opener = re.match(r"^\s*(`{3,}|~{3,})", line)
+        if not fence and opener:
+            fence = opener.group(1)
+        elif fence and line.strip() == fence:
+            fence = ""
+        elif not fence:
+            kept.append(line)
+    return "\n".join(kept)
+
+
+def source_citations(text: str, transformers_version: str) -> tuple[dict[str, str], list[str]]:
+    """The vLLM files a page links, with their commits, and what is wrong with the rest.
+
+    A problem is a source path that is not the text of a link, a link to a branch, a
+    link whose path differs from its text, a transformers link at another version than
+    the pinned one, or a source path in a code cell.
+    """
+    body = prose(text)
+    commits: dict[str, str] = {}
+    problems: list[str] = []
+    linked_spans: list[tuple[int, int]] = []
+    for link in LINKED_PATH.finditer(body):
+        shown, url = link.groups()
+        if not shown.startswith(("vllm/", "transformers/", "docs/")):
+            continue
+        linked_spans.append(link.span())
+        vllm = VLLM_LINK.fullmatch(url)
+        hf = TRANSFORMERS_LINK.fullmatch(url)
+        if vllm and vllm["path"].rstrip("/") == shown.rstrip("/"):
+            commits[shown] = vllm["commit"]
+        elif hf and hf["path"] == shown and hf["version"] == transformers_version:
+            continue
+        else:
+            problems.append(
+                f"`{shown}` links {url}, not the file at a commit or at "
+                f"transformers v{transformers_version}"
+            )
+    for path in SOURCE_PATH.finditer(body):
+        if not any(start <= path.start() < end for start, end in linked_spans):
+            problems.append(f"`{path.group(1)}` is not linked at a commit")
+    problems += [
+        f"code cell names `{found}`: cite it in the prose, where it can be linked"
+        for cell in code_cells(text)
+        for found in CODE_SOURCE_PATH.findall(cell.source)
+    ]
+    return commits, problems
+
+
+def test_source_citation_check_catches_unlinked_and_unpinned_paths() -> None:
+    url = "https://github.com/vllm-project/vllm/blob/{}/vllm/envs.py"
+    page = (
+        "Linked: [`vllm/envs.py`](" + url.format("5d4420da4338") + ").\n"
+        "Bare: `vllm/config/cache.py`.\n"
+        "Branch: [`vllm/envs.py`](" + url.format("main") + ").\n"
+        "Other tag: [`transformers/x.py`](https://github.com/huggingface/transformers/"
+        "blob/v4.0.0/src/transformers/x.py).\n"
+        "```{code-cell} ipython3\n# see vllm/attention/layer.py\n```\n"
+    )
+    commits, problems = source_citations(page, "5.23.0")
+    assert commits == {"vllm/envs.py": "5d4420da4338"}
+    assert len(problems) == 4, problems
+    assert "`vllm/config/cache.py` is not linked" in problems[-2]
+    assert "vllm/attention/layer.py" in problems[-1]
+
+
+@pytest.mark.parametrize("page", BOOK_PAGES, ids=lambda p: str(p.relative_to(ROOT)))
+def test_sources_are_linked_at_a_commit(page: Path) -> None:
+    _, problems = source_citations(page.read_text(encoding="utf-8"), pinned_transformers())
+    assert not problems, problems
+
+
+def test_each_vllm_file_is_cited_at_one_commit() -> None:
+    """One voice: a file read at one commit is linked at that commit on every page."""
+    seen: dict[str, dict[str, list[str]]] = {}
+    for page in BOOK_PAGES:
+        commits, _ = source_citations(page.read_text(encoding="utf-8"), pinned_transformers())
+        for path, commit in commits.items():
+            seen.setdefault(path, {}).setdefault(commit, []).append(page.name)
+    assert seen, "no vLLM source is linked anywhere in the book"
+    split = {path: pages for path, pages in seen.items() if len(pages) > 1}
+    assert not split, split
+
+
+def names_defined_and_used(source: str) -> tuple[set[str], set[str]]:
+    """The names a cell binds (assignments, imports, defs, arguments) and the names it reads.
+
+    IPython's ``%`` and ``!`` lines are left out; a cell that is not Python binds and
+    reads nothing.
+    """
+    code = "\n".join(
+        line for line in source.splitlines() if not line.lstrip().startswith(("%", "!"))
+    )
+    try:
+        tree = ast.parse(code)
+    except SyntaxError:
+        return set(), set()
+    bound: set[str] = set()
+    read: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Name):
+            (read if isinstance(node.ctx, ast.Load) else bound).add(node.id)
+        elif isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            bound.add(node.name)
+        elif isinstance(node, ast.Import | ast.ImportFrom):
+            bound.update((alias.asname or alias.name).split(".")[0] for alias in node.names)
+        elif isinstance(node, ast.arg):
+            bound.add(node.arg)
+        elif isinstance(node, ast.ExceptHandler) and node.name:
+            bound.add(node.name)
+    return bound, read
+
+
+def names_only_removed_cells_define(text: str) -> list[tuple[int, list[str]]]:
+    """Cells a reader can see (shown, or behind "show code") that read a name which, before
+    them, only a removed cell bound: (line of the cell, the names)."""
+    seen: set[str] = set()
+    removed: set[str] = set()
+    found: list[tuple[int, list[str]]] = []
+    for cell in code_cells(text):
+        bound, read = names_defined_and_used(cell.source)
+        if cell.tags & {"remove-cell", "remove-input"}:
+            removed |= bound
+            continue
+        missing = sorted((read - bound - seen) & removed)
+        if missing:
+            found.append((cell.line, missing))
+        seen |= bound
+    return found
+
+
+def test_removed_name_check_catches_a_hidden_definition() -> None:
+    page = (
+        "```{code-cell} ipython3\n:tags: [remove-cell]\nT = 8\n```\n"
+        "```{code-cell} ipython3\n:tags: [hide-input]\nimport math\nprint(math.pi * T)\n```\n"
+        "```{code-cell} ipython3\nT = 9\nprint(T)\n```\n"
+    )
+    assert names_only_removed_cells_define(page) == [(5, ["T"])]
+
+
+@pytest.mark.parametrize("docname", PAGES)
+def test_code_behind_show_code_runs_when_copied(docname: str) -> None:
+    """A reader who copies what the page shows, folded cells included, needs nothing the
+    page removed (test_copy_run.py runs the unfolded cells; this reads the folded ones)."""
+    found = names_only_removed_cells_define(_source(docname))
+    assert not found, (
+        f"cells at lines {found} read names only a `remove-cell` defines: define them in "
+        "the cell, show the set-up (`hide-input`), or move the glue into a removed cell"
+    )

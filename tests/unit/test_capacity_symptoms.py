@@ -3,11 +3,9 @@
 from __future__ import annotations
 
 import random
-from collections.abc import Iterator
 from dataclasses import dataclass
 
 import pytest
-import torch
 
 from kvlib.capacity.symptoms import diagnose_steps
 from kvlib.config import load_config
@@ -35,7 +33,7 @@ def test_a_step_is_kv_bound_when_full_with_a_queue_and_free_slots() -> None:
     assert found.kv_bound_steps == 2 and found.kv_bound_share == pytest.approx(0.4)
     assert found.preemptions == 1 and found.peak_waiting == 4
     assert found.peak_usage == 1.0 and found.mean_usage == pytest.approx(435 / 500)
-    assert found.batch_occupancy == pytest.approx(20 / 5 / 8)
+    assert found.mean_running == pytest.approx(20 / 5)
 
 
 def test_records_from_another_pool_are_refused() -> None:
@@ -46,12 +44,7 @@ def test_records_from_another_pool_are_refused() -> None:
     assert diagnose_steps([], 10, 2).kv_bound_share == 0.0
 
 
-@pytest.fixture(autouse=True)
-def one_thread() -> Iterator[None]:
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def test_the_engine_shows_the_signature_only_when_its_pool_is_small() -> None:
@@ -69,4 +62,4 @@ def test_the_engine_shows_the_signature_only_when_its_pool_is_small() -> None:
     roomy.run(requests)
     loose = diagnose_steps(roomy.steps, 96, 6)
     assert loose.kv_bound_steps == 0 and loose.preemptions == 0
-    assert loose.batch_occupancy > tight.batch_occupancy
+    assert loose.mean_running > tight.mean_running  # the same cap of 6

@@ -10,8 +10,8 @@ import sys
 import pytest
 
 from kvlib.cli import main
-from kvlib.commands.queue import queue_report, render
-from kvlib.serving.erlang import QueueStats
+from kvlib.commands.queue import render
+from kvlib.serving.erlang import QueueStats, mmc
 
 
 def run_json(capsys: pytest.CaptureFixture[str], *args: str) -> dict[str, float]:
@@ -47,7 +47,7 @@ def test_human_table(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def test_a_light_load_says_why_the_p95_is_zero() -> None:
-    text = render(queue_report(0.5, 1.0, 4))
+    text = render(mmc(0.5, 1.0, 4))
     assert "p95 wait     0 s (at most 5% of requests wait at all)" in text
 
 

@@ -14,7 +14,7 @@ import pytest
 
 from kvlib import bounds, sizing
 from kvlib.cli import main
-from kvlib.commands.size_report import SizeReport
+from kvlib.commands.size import SizeReport
 from kvlib.config import load_config
 from kvlib.hardware import get_gpu
 from kvlib.units import GiB

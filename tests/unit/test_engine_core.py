@@ -4,22 +4,14 @@ tokens stream per request; bad requests fail alone. Runs on the CPU."""
 from __future__ import annotations
 
 import random
-from collections.abc import Iterator
 
 import pytest
-import torch
 
 from kvlib.config import load_config
 from kvlib.engine.core import Engine, EngineConfig, Request, serve_in_steps
 from kvlib.nn.decoder import TinyDecoder, tiny_config
 
-
-@pytest.fixture(autouse=True)
-def one_thread() -> Iterator[None]:
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")

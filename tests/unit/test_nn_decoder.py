@@ -10,7 +10,6 @@ float64), and greedy decoding must pick the same tokens. Runs on the CPU.
 from __future__ import annotations
 
 import random
-from collections.abc import Iterator
 
 import pytest
 import torch
@@ -21,12 +20,7 @@ from kvlib.nn.decoder import PagedKV, SeqInput, TinyDecoder, tiny_config
 BLOCK = 4
 
 
-@pytest.fixture(autouse=True)
-def one_thread() -> Iterator[None]:
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def _reference(model: TinyDecoder) -> torch.nn.Module:

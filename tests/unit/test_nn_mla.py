@@ -9,7 +9,6 @@ mode that marks every element each op reads, for :func:`kvlib.mla.mla_step_cost`
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -38,12 +37,7 @@ V3_LATENT = MLAShape(64, 2, 512, 64, 16, 16, q_lora_rank=None)
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp64": torch.float64}
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread() -> Iterator[None]:
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def layer(shape: MLAShape, dtype: torch.dtype = torch.float32, seed: int = 0) -> MLAAttention:

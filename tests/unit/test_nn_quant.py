@@ -4,7 +4,7 @@ quantizers, stored bytes counted from the tensors equal the documented formulas.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import pytest
 
@@ -23,13 +23,7 @@ from kvlib.nn.quant_int import (  # noqa: E402
     unpack_int4,
 )
 
-
-@pytest.fixture(autouse=True)
-def _one_thread() -> Iterator[None]:
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def _samples(kind: str, rows: int = 64, cols: int = 256, seed: int = 0) -> torch.Tensor:

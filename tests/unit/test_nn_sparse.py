@@ -3,8 +3,6 @@ FLOPs and bytes counted against :func:`kvlib.mla.latent_read_cost`."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 import torch
 import torch.nn.functional as F
@@ -22,12 +20,7 @@ from kvlib.nn.sparse import LightningIndexer, attend_dense, attend_selected, sel
 HIDDEN, Q_LORA, HEADS, HEAD_DIM, ROPE = 32, 16, 4, 16, 8
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread() -> Iterator[None]:
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def randn(*shape: int, seed: int = 0, dtype: torch.dtype = torch.float32) -> torch.Tensor:

@@ -253,7 +253,7 @@ def test_shared_layers_have_no_pages_and_linear_ones_are_refused() -> None:
 
 @pytest.mark.parametrize(
     ("kwargs", "match"),
-    [({"kv_memory_bytes": -1}, "non-negative"), ({"kv_memory_bytes": 1.5}, "int number"),
+    [({"kv_memory_bytes": -1}, "non-negative"), ({"kv_memory_bytes": 1.5}, "kv_memory_bytes"),
      ({"max_model_len": 0}, "max_model_len"), ({"block_size": 0}, "block_size"),
      ({"tp": 0}, "tp")],
 )

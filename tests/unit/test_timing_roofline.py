@@ -127,7 +127,6 @@ def test_long_contexts_never_reach_the_ridge() -> None:
         (lambda: roofline.matmul_flops(1, 0, 1), "n must"),
         (lambda: roofline.matmul_bytes(1, 1, 1, True), "bytes_per_element"),
         (lambda: roofline.decode_attention_bytes(1, 6, 4, 8, 8, 2), "multiple of kv_heads"),
-        (lambda: roofline.arithmetic_intensity(1, 0), "bytes_moved"),
         (lambda: roofline.ridge_batch(10, 20, -1.0), "ridge_flops_per_byte"),
         (lambda: H100.bound(0), "intensity"),
     ],

@@ -84,13 +84,10 @@ def simulate(
     """
     if policy not in POLICIES:
         raise ValueError(f"policy must be one of {', '.join(POLICIES)}, got {policy!r}")
-    for name, value in (
-        ("capacity_tokens", capacity_tokens),
-        ("block_size", block_size),
-        ("max_seq_len", max_seq_len),
-        ("max_num_seqs", max_num_seqs),
-    ):
-        require_int(value, name, 1)
+    require_int(capacity_tokens, "capacity_tokens", 1)
+    require_int(block_size, "block_size", 1)
+    require_int(max_seq_len, "max_seq_len", 1)
+    require_int(max_num_seqs, "max_num_seqs", 1)
     if not requests:
         raise ValueError("requests is empty: draw some with sample_requests()")
     longest = max(r.final_tokens for r in requests)

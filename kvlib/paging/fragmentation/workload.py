@@ -60,9 +60,8 @@ class RequestLengths:
     output_tokens: int
 
     def __post_init__(self) -> None:
-        for name in ("prompt_tokens", "output_tokens"):
-            value = getattr(self, name)
-            require_int(value, name, 1)
+        require_int(self.prompt_tokens, "prompt_tokens", 1)
+        require_int(self.output_tokens, "output_tokens", 1)
 
     @property
     def final_tokens(self) -> int:

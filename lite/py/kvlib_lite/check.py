@@ -31,7 +31,6 @@ import contextlib
 import io
 import json
 import os
-import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -219,13 +218,7 @@ def grade_notebook(nb: Mapping[str, Any], student: str | None = None,
         passed, hint = verdicts.get(grade_id, (False, "this test cell is missing from the "
                                                "notebook: start again from the exercise"))
         challenges.append(Challenge(grade_id, points if passed else 0.0, points, hint))
-    return Report(
-        assignment=assignment,
-        notebook=name,
-        score=sum(c.score for c in challenges),
-        max_score=sum(c.max_score for c in challenges),
-        challenges=challenges,
-    )
+    return Report.of(assignment, name, challenges)
 
 
 def grade(path: str | os.PathLike[str], student: str | None = None) -> Any:
@@ -234,31 +227,9 @@ def grade(path: str | os.PathLike[str], student: str | None = None) -> Any:
     return grade_notebook(nb, student)
 
 
-def _this_notebook() -> Path | None:
-    """The most recently saved notebook in this folder that has the self-check cell
-    (the kernel runs in the notebook's folder of the browser's storage)."""
-    found = []
-    for path in Path.cwd().glob("*.ipynb"):
-        with contextlib.suppress(OSError):
-            if '"self_check"' in path.read_text(encoding="utf-8", errors="replace"):
-                found.append(path)
-    return max(found, key=lambda p: p.stat().st_mtime) if found else None
-
-
 def check_notebook(notebook: str | os.PathLike[str] | None = None) -> None:
-    """Grade the saved copy of this notebook (or ``notebook``) and print the report,
-    in the words and layout of :func:`course.selfcheck.check_notebook`."""
-    from course.selfcheck import format_report
+    """Grade the saved copy of this notebook (or ``notebook``) and print the report, in
+    the words and layout of :func:`course.selfcheck.check_notebook`."""
+    from course.selfcheck import print_check
 
-    path = Path(notebook) if notebook is not None else _this_notebook()
-    if path is None:
-        print("kvlib grade: cannot tell which notebook this is; call check_notebook('name.ipynb')")
-        return
-    saved = time.strftime("%H:%M:%S", time.localtime(path.stat().st_mtime))
-    print(f"Grading {path.name} as saved at {saved} ...", flush=True)
-    try:
-        report = grade(path)
-    except (ValueError, OSError) as err:
-        print(f"kvlib grade: {err}")
-        return
-    print(format_report(report))
+    print_check(notebook, grade, (ValueError, OSError))

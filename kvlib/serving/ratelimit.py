@@ -1,13 +1,14 @@
-"""Token buckets in Redis, checked and charged by one Lua script.
+"""Token-bucket rate limits shared by every gateway, through Redis.
 
-Redis runs a script to completion before it serves any other command, so a
-script that reads a bucket, refills it to the server's clock (``TIME``), decides
-and writes it back cannot be interleaved with another gateway's: concurrent
-gateways never spend the same tokens twice. :class:`RedisTokenBucket` is one
-bucket; :class:`RedisRateLimiter` checks a request bucket (RPM) and an LLM-token
-bucket (TPM) together, charging both or neither, and settles the token estimate
-when the reply is done. The rule, and its formulas, are those of
-:mod:`kvlib.serving.bucket`.
+A customer's requests land on any of many gateway processes, so the bucket of
+:mod:`kvlib.serving.bucket` (same rule, same formulas) must live where all of
+them see it, and be checked and charged in one step. Redis runs a script to
+completion before it serves any other command, so a Lua script that reads a
+bucket, refills it to the server's clock (``TIME``), decides and writes it back
+cannot be interleaved with another gateway's: concurrent gateways never spend
+the same tokens twice (:class:`RedisTokenBucket`, :class:`RedisRateLimiter`).
+:class:`NaiveRedisTokenBucket` (GET, decide in Python, SET) is kept only to show
+the race.
 
 A script may only touch keys that live on one node. On Redis Cluster a key's
 node is set by its hash slot, ``CRC16(key) mod 16384``, computed on the part
@@ -16,32 +17,81 @@ between the first ``{`` and the next ``}`` when that part is not empty (the
 buckets are therefore ``{key}:requests`` and ``{key}:tokens``: one slot, so the
 one script may charge both, where ``key:requests`` and ``key:tokens`` would be
 refused with ``CROSSSLOT`` on a cluster.
+
+When Redis is unreachable or does not answer within the timeout, the limiters
+fail *closed* by default: they raise :class:`LimiterUnavailableError` naming the
+server's address, and the gateway must refuse the request (503, not 429: the
+client did nothing wrong). ``fail_open=True`` admits instead and marks the
+decision ``degraded``: right for a free tier you would rather serve unmetered
+than refuse during a Redis outage, wrong for anything billed. No retries: a
+retried script that had in fact run would charge twice. ``redis`` is imported
+inside the functions, so importing this module needs only the standard library.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from kvlib._validate import require_positive
 from kvlib.serving.bucket import (
     EPSILON_TOKENS,
     Decision,
+    TokenBucket,
+    burst_admits,
     check_cost,
     per_minute,
     settlement,
-)
-from kvlib.serving.ratelimit.connection import (
-    DEFAULT_TIMEOUT_S,
-    LimiterUnavailableError,
-    address,
-    connect,
 )
 
 if TYPE_CHECKING:
     import redis
 
-__all__ = ["LUA_SCRIPT", "RedisRateLimiter", "RedisTokenBucket", "hash_slot", "limiter_keys"]
+__all__ = [
+    "LUA_SCRIPT",
+    "Decision",
+    "LimiterUnavailableError",
+    "NaiveRedisTokenBucket",
+    "RedisRateLimiter",
+    "RedisTokenBucket",
+    "TokenBucket",
+    "burst_admits",
+    "hash_slot",
+    "limiter_keys",
+    "per_minute",
+]
+
+DEFAULT_TIMEOUT_S = 0.25
+
+
+class LimiterUnavailableError(ConnectionError):
+    """Redis did not answer: the limiter cannot decide (fail closed: refuse the request)."""
+
+
+def address(client: redis.Redis) -> str:
+    """The server a client talks to, as ``host:port`` or ``unix:path``, for error messages."""
+    kwargs: dict[str, Any] = client.connection_pool.connection_kwargs
+    if "path" in kwargs:
+        return f"unix:{kwargs['path']}"
+    return f"{kwargs.get('host', 'localhost')}:{kwargs.get('port', 6379)}"
+
+
+def connect(client: redis.Redis | str, timeout_s: float) -> redis.Redis:
+    """``client`` itself, or a new client for a ``redis://`` URL with short timeouts, no retries."""
+    import redis as redis_py
+    from redis.backoff import NoBackoff
+    from redis.retry import Retry
+
+    if isinstance(client, str):
+        return redis_py.Redis.from_url(
+            client,
+            socket_timeout=timeout_s,
+            socket_connect_timeout=timeout_s,
+            retry=Retry(NoBackoff(), 0),
+        )
+    return client
+
 
 CLUSTER_SLOTS = 16_384
 
@@ -284,3 +334,43 @@ class RedisRateLimiter:
         Returns the token bucket's tokens after (``None``: Redis unreachable, failing open).
         """
         return self._buckets.adjust([0.0, settlement(estimated_tokens, actual_tokens)], 1)
+
+
+class NaiveRedisTokenBucket:
+    """The racy bucket, for teaching only: GET the state, decide here, SET it back.
+
+    Between this client's GET and SET another client can GET the same state,
+    and both spend the same tokens: under concurrent gateways it admits more
+    than the limit. The window is two network round trips plus the Python in
+    between; nothing is added to widen it. Use :class:`RedisTokenBucket` instead.
+    """
+
+    def __init__(
+        self,
+        client: redis.Redis | str,
+        key: str,
+        capacity: float,
+        refill_per_s: float,
+        *,
+        clock: Callable[[], float] = time.time,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+    ) -> None:
+        self.client = connect(client, require_positive(timeout_s, "timeout_s"))
+        self.key = key
+        self.capacity = require_positive(capacity, "capacity")
+        self.refill_per_s = require_positive(refill_per_s, "refill_per_s")
+        self.clock = clock
+
+    def try_acquire(self, cost: float = 1.0) -> Decision:
+        """GET, refill, decide, SET: correct alone, wrong under concurrency."""
+        cost = check_cost(cost, self.capacity)
+        now = self.clock()
+        raw = self.client.get(self.key)
+        tokens, last = (self.capacity, now) if raw is None else map(float, raw.split())
+        tokens = min(self.capacity, tokens + max(0.0, now - last) * self.refill_per_s)
+        admitted = tokens + EPSILON_TOKENS >= cost
+        if admitted:
+            tokens -= cost
+        self.client.set(self.key, f"{tokens!r} {max(now, last)!r}")
+        wait_s = 0.0 if admitted else (cost - tokens) / self.refill_per_s
+        return Decision(admitted, tokens, wait_s)
