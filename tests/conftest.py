@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Iterator
 
@@ -25,9 +26,14 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     if not site:
         return
     items[:] = [item for item in items if not item.get_closest_marker("site")] + site
-    from site_helpers import start_site_build
+    from site_helpers import site_is_current, start_site_build
 
+    if site_is_current():
+        return
     config.stash[_SITE_BUILD] = start_site_build()
+    # The build is the longest chain (its notebooks, then the site's browser tests): the
+    # tests that overlap it yield the CPU to it.
+    os.nice(5)
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:

@@ -130,11 +130,13 @@ def ensure_site() -> Path:
 
 
 def start_site_build() -> threading.Thread | None:
-    """Build the site in a background thread of this process, holding the build lock, if
-    no other process holds it and the site is stale; None when there is nothing to do.
+    """Start building the site, holding the build lock, if no other process holds it and
+    the site is stale; the thread returned waits for the build and releases the lock.
+    None when there is nothing to start.
 
     The build (minutes) then overlaps the tests that do not need it; ``ensure_site``
-    waits on the lock and finds the site current, or builds it and reports the failure.
+    waits on the lock and finds the site current, or builds it again and reports the
+    failure. The build's own output goes to ``_build/site-build.log``.
     """
     import fcntl
 
@@ -147,13 +149,19 @@ def start_site_build() -> threading.Thread | None:
     except BlockingIOError:
         lock.close()
         return None
+    with open(BUILD_DIR / "site-build.log", "w") as log:
+        # Started here, not in the thread: it keeps this process's priority even when the
+        # caller lowers its own right after (``os.nice``), so the build goes first.
+        build = subprocess.Popen(
+            [sys.executable, str(ROOT / "scripts" / "build_book.py")],
+            cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
+        )
 
-    def build() -> None:
+    def wait() -> None:
         with lock:
-            if not site_is_current():
-                build_site()
+            build.wait()
 
-    thread = threading.Thread(target=build, name="site-build", daemon=True)
+    thread = threading.Thread(target=wait, name="site-build", daemon=True)
     thread.start()
     return thread
 
