@@ -23,10 +23,12 @@ book: $(STAMP) book-deps
 	$(PY) scripts/build_book.py
 
 ## test: lint, type-check, then every test (unit, reference, notebooks, grading, site)
+# Test modules go out in collection order, where tests/conftest.py puts the site's last
+# and starts the book's build: xdist would otherwise send the largest modules first.
 test: $(STAMP) system-deps
 	$(PY) -m ruff check kvlib course tests scripts nbgrader_config.py
 	$(PY) -m mypy
-	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) -m pytest -n $(TEST_WORKERS) --dist loadscope --durations=25
+	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) -m pytest -n $(TEST_WORKERS) --dist loadscope --no-loadscope-reorder --durations=25
 
 lint: $(STAMP)
 	$(PY) -m ruff check kvlib course tests scripts nbgrader_config.py
