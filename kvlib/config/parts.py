@@ -64,10 +64,10 @@ class MLAShape:
     q_lora_rank: int | None = None
 
     def __post_init__(self) -> None:
-        for f in fields(self):  # every width a positive int; no query LoRA is None
-            value = getattr(self, f.name)
-            if value is not None or f.name != "q_lora_rank":
-                require_int(value, f.name, 1)
+        for f in fields(self):  # every width a positive int
+            if f.name == "q_lora_rank" and self.q_lora_rank is None:
+                continue  # no query LoRA (DeepSeek-V2-Lite): q_proj directly
+            require_int(getattr(self, f.name), f.name, 1)
 
     @classmethod
     def from_config(cls, cfg: _HasAttentionParts) -> MLAShape:
