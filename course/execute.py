@@ -165,7 +165,6 @@ class VerifiedExecute(Execute):  # type: ignore[misc]
         self._deadline = math.inf
         self._cell_output = 0
         self._output_cut = False
-        self._dropped_chars = 0
         self._out_of_time = False
 
     def preprocess(
@@ -196,24 +195,22 @@ class VerifiedExecute(Execute):  # type: ignore[misc]
             room = self.max_output_bytes - self._cell_output
             self._cell_output += size
             if size > room and not (kind == "error" and size <= _ERROR_KEPT_CHARS):
-                kept = self._cut(msg, size, room)
+                kept = self._cut(msg, room)
                 if kept is None:
                     return None
                 msg = kept
         result: NotebookNode | None = super().process_message(msg, cell, cell_index)
         return result
 
-    def _cut(self, msg: dict[str, Any], size: int, room: int) -> dict[str, Any] | None:
+    def _cut(self, msg: dict[str, Any], room: int) -> dict[str, Any] | None:
         """What of ``msg`` fits in ``room`` characters: the first part of printed text, else
-        nothing. What does not fit is counted as dropped."""
+        nothing."""
         self._output_cut = True
         content = msg.get("content") or {}
         text = content.get("text")
         if msg["msg_type"] == "stream" and isinstance(text, str) and room > _MESSAGE_CHARS:
             keep = room - _MESSAGE_CHARS
-            self._dropped_chars += len(text) - keep
             return {**msg, "content": {**content, "text": text[:keep]}}
-        self._dropped_chars += len(text) if isinstance(text, str) else size
         return None
 
     def _note_cut(self, cell: NotebookNode, index: int) -> None:
@@ -222,7 +219,7 @@ class VerifiedExecute(Execute):  # type: ignore[misc]
             return
         note = (
             f"\n[output truncated by the grader: the first {self.max_output_bytes:,} characters "
-            f"of this cell's output were kept, {self._dropped_chars:,} more were dropped]\n"
+            "of this cell's output were kept, the rest was dropped]\n"
         )
         cell.outputs.append(
             NotebookNode(output_type="stream", name="stderr", text=note)  # type: ignore[no-untyped-call]
@@ -261,7 +258,7 @@ class VerifiedExecute(Execute):  # type: ignore[misc]
         cell_timeout: int | None = getattr(self, "timeout", None)
         shortened = max(1, int(min(cell_timeout or math.inf, math.ceil(remaining))))
         setattr(self, "timeout", shortened)  # noqa: B010 - a traitlet mypy cannot type
-        self._cell_output, self._output_cut, self._dropped_chars = 0, False, 0
+        self._cell_output, self._output_cut = 0, False
         started = time.monotonic()
         try:
             result: tuple[NotebookNode, dict[str, Any]] = super().preprocess_cell(

@@ -21,9 +21,11 @@ Three mechanisms, each covering what the others cannot:
 
 Output per cell and the whole notebook's wall time are limited on the
 grader's side, where the output arrives (:mod:`course.execute`): output past
-the cap is dropped with a note, and the cell runs on. So that a long print
-arrives as many small messages, never one above the largest message the
-grader accepts, the kernel runs from :data:`KERNEL_BOOT` (:func:`kernel_argv`).
+the cap is dropped with a note, and the cell runs on. The kernel runs from
+:func:`kernel_boot` (:func:`kernel_argv`), so that a long print arrives as
+many small messages, never one above the largest message the grader accepts,
+and printed text the grader would drop is dropped in the kernel as it is
+printed, before it fills the kernel's memory.
 """
 
 from __future__ import annotations
@@ -40,13 +42,13 @@ from kvlib.units import GiB, MiB
 
 __all__ = [
     "CELL_TIMEOUT_S",
-    "KERNEL_BOOT",
     "LAUNCHER",
     "STREAM_CHUNK_CHARS",
     "Limits",
     "Usage",
     "Watchdog",
     "kernel_argv",
+    "kernel_boot",
     "kernel_uid",
     "launcher_argv",
     "sandbox_usage",
@@ -120,17 +122,38 @@ os.execv(spec["argv"][0], spec["argv"])
 STREAM_CHUNK_CHARS = 64 * 1024
 
 # ipykernel_launcher's own steps (cwd off sys.path while ipykernel loads), with stdout and
-# stderr sent in pieces of at most STREAM_CHUNK_CHARS characters.
-KERNEL_BOOT = f"""\
-import sys
+# stderr sent in pieces of at most STREAM_CHUNK_CHARS characters, and a cell's printed text
+# kept in the kernel's memory only until it is sent, and only as much as the grader keeps:
+# - IPython 9 copies everything a cell prints into its history (InteractiveShell._tee);
+#   a print loop fills the sandbox's memory with it in seconds, so the copy is turned off;
+# - ipykernel buffers printed text until its IO thread sends it, and a print loop outruns
+#   that thread (most of all on a busy machine): each stream's text past {cell_chars}
+#   characters in one cell is dropped where it is printed.
+_KERNEL_BOOT = """\
+import contextlib, sys
 if sys.path and sys.path[0] == "":
     del sys.path[0]
+from IPython.core.interactiveshell import InteractiveShell
 from ipykernel import iostream, kernelapp
+if hasattr(InteractiveShell, "_tee"):
+    InteractiveShell._tee = lambda self, channel: contextlib.nullcontext()
 class ChunkedOutStream(iostream.OutStream):
+    _cell, _cell_chars = None, 0
+    def write(self, string):
+        cell = self.parent_header.get("msg_id")
+        if cell != self._cell:
+            self._cell, self._cell_chars = cell, 0
+        room = {cell_chars} - self._cell_chars
+        self._cell_chars += len(string)
+        if room < len(string):
+            if room > 0:
+                super().write(string[:room])
+            return len(string)
+        return super().write(string)
     def _flush_buffers(self):
         for parent, data in super()._flush_buffers():
-            for start in range(0, len(data), {STREAM_CHUNK_CHARS}):
-                yield parent, data[start:start + {STREAM_CHUNK_CHARS}]
+            for start in range(0, len(data), {chunk_chars}):
+                yield parent, data[start:start + {chunk_chars}]
 iostream.ChunkedOutStream = ChunkedOutStream
 kernelapp.launch_new_instance(
     argv=sys.argv[1:] + ["--IPKernelApp.outstream_class=ipykernel.iostream.ChunkedOutStream"]
@@ -138,11 +161,19 @@ kernelapp.launch_new_instance(
 """
 
 
-def kernel_argv(kernel_cmd: list[str]) -> list[str]:
-    """``python -m ipykernel_launcher ARGS`` as ``python -c KERNEL_BOOT ARGS``; any other
-    kernel command unchanged."""
+def kernel_boot(output_bytes: int) -> str:
+    """The kernel's start-up code (:data:`_KERNEL_BOOT`) for a grader that keeps
+    ``output_bytes`` characters of a cell's output: each stream sends one chunk more, so
+    that the grader sees that the cell printed more than it keeps."""
+    cell_chars = output_bytes + STREAM_CHUNK_CHARS
+    return _KERNEL_BOOT.format(cell_chars=cell_chars, chunk_chars=STREAM_CHUNK_CHARS)
+
+
+def kernel_argv(kernel_cmd: list[str], output_bytes: int) -> list[str]:
+    """``python -m ipykernel_launcher ARGS`` as ``python -c BOOT ARGS``, ``BOOT`` being
+    :func:`kernel_boot` (``output_bytes``); any other kernel command unchanged."""
     if kernel_cmd[1:3] == ["-m", "ipykernel_launcher"]:
-        return [kernel_cmd[0], "-c", KERNEL_BOOT, *kernel_cmd[3:]]
+        return [kernel_cmd[0], "-c", kernel_boot(output_bytes), *kernel_cmd[3:]]
     return kernel_cmd
 
 

@@ -107,6 +107,11 @@ class SandboxedKernelManager(AsyncKernelManager):
     max_message_bytes = Integer(16 * 2**20, help="Largest message the kernel may send").tag(
         config=True
     )
+    max_output_bytes = Integer(
+        _DEFAULTS.output_bytes,
+        help="The executor's max_output_bytes: the kernel sends one chunk of a cell's printed "
+        "text past it and drops the rest",
+    ).tag(config=True)
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
@@ -191,7 +196,7 @@ class SandboxedKernelManager(AsyncKernelManager):
         return env
 
     def format_kernel_cmd(self, extra_arguments: list[str] | None = None) -> list[str]:
-        cmd = kernel_argv(super().format_kernel_cmd(extra_arguments))
+        cmd = kernel_argv(super().format_kernel_cmd(extra_arguments), self.max_output_bytes)
         if not self.sandboxed:
             return cmd
         launch_cwd = (self._launch_args or {}).get("cwd")

@@ -11,6 +11,7 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -63,36 +64,66 @@ class TestLimits:
 
 
 def test_kernel_argv_swaps_only_ipykernel_launcher() -> None:
-    argv = kernel_argv(["python", "-m", "ipykernel_launcher", "-f", "k.json"])
+    argv = kernel_argv(["python", "-m", "ipykernel_launcher", "-f", "k.json"], MiB)
     assert argv[:2] == ["python", "-c"] and argv[3:] == ["-f", "k.json"]
     compile(argv[2], "<kernel boot>", "exec")  # the boot code parses
-    assert kernel_argv(["julia", "kernel.jl", "k.json"]) == ["julia", "kernel.jl", "k.json"]
+    assert f"{MiB + STREAM_CHUNK_CHARS}" in argv[2]
+    assert kernel_argv(["julia", "kernel.jl", "k.json"], MiB) == ["julia", "kernel.jl", "k.json"]
 
 
-def test_a_long_print_reaches_the_grader_in_pieces() -> None:
-    """One print of 3 MB: stream messages of at most STREAM_CHUNK_CHARS, all of it there."""
+def _printed(cells: list[str], **manager: Any) -> tuple[list[list[str]], list[str]]:
+    """Run ``cells`` in one kernel: the texts of each cell's stream messages, and each
+    cell's reply status (or error name)."""
 
-    async def main() -> list[int]:
-        km = SandboxedKernelManager(kernel_name="python3", mode="off")
+    async def main() -> tuple[list[list[str]], list[str]]:
+        km = SandboxedKernelManager(kernel_name="python3", **manager)
         await km.start_kernel(cwd=tempfile.mkdtemp())
         kc = km.client()
         kc.start_channels()
         try:
             await kc.wait_for_ready(timeout=60)
-            sizes: list[int] = []
-            reply = await kc.execute_interactive(
-                "print('x' * 3_000_000, end='')", timeout=60,
-                output_hook=lambda msg: sizes.append(len(msg["content"].get("text", "")))
-                if msg["msg_type"] == "stream" else None,
-            )
-            assert reply["content"]["status"] == "ok"
-            return sizes
+            texts: list[list[str]] = []
+            statuses: list[str] = []
+            for code in cells:
+                texts.append([])
+                reply = await kc.execute_interactive(
+                    code, timeout=60,
+                    output_hook=lambda msg: texts[-1].append(msg["content"].get("text", ""))
+                    if msg["msg_type"] == "stream" else None,
+                )
+                statuses.append(reply["content"].get("ename") or reply["content"]["status"])
+            return texts, statuses
         finally:
             kc.stop_channels()
             await km.shutdown_kernel(now=True)
 
-    sizes = asyncio.run(main())
-    assert sum(sizes) == 3_000_000 and max(sizes) <= STREAM_CHUNK_CHARS
+    return asyncio.run(main())
+
+
+def test_a_long_print_reaches_the_grader_in_pieces() -> None:
+    """One print of 3 MB: stream messages of at most STREAM_CHUNK_CHARS, all of it there."""
+    (texts,), statuses = _printed(["print('x' * 3_000_000, end='')"], mode="off",
+                                  max_output_bytes=4 * MiB)
+    assert statuses == ["ok"]
+    assert "".join(texts) == "x" * 3_000_000
+    assert max(map(len, texts)) <= STREAM_CHUNK_CHARS
+
+
+def test_a_print_loop_stays_within_the_kernels_memory() -> None:
+    """3 GB printed in a 512 MiB sandbox: the kernel keeps none of it past what the grader
+    keeps (IPython's history copy and ipykernel's send buffer would fill the limit and kill
+    the kernel), sends one chunk more than the grader keeps, and counts each cell apart."""
+    flood = "for _ in range(300_000):\n    print('x' * 10_000)"
+    peak = "int(open('/proc/self/status').read().split('VmHWM:')[1].split()[0]) * 1024"
+    (flooded, peak_text, after), statuses = _printed(
+        [flood, f"print({peak}, end='')", "print('y' * 1000, end='')"],
+        mode="require", memory_bytes=512 * MiB, max_output_bytes=256 * 1024,
+    )
+    assert statuses == ["ok", "ok", "ok"]
+    assert sum(map(len, flooded)) == 256 * 1024 + STREAM_CHUNK_CHARS
+    assert after == ["y" * 1000]  # the next cell prints again
+    kernel_peak_bytes = int("".join(peak_text))
+    assert kernel_peak_bytes < 200 * MiB, f"the kernel's resident peak: {kernel_peak_bytes:,} B"
 
 
 @pytest.mark.parametrize(
