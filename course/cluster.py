@@ -4,8 +4,9 @@ The work splits where the state is:
 
 - a **worker** (:func:`grade_remotely`) gets bytes, never paths: one
   student's submitted files (and the names of the links set aside from them),
-  and the assignment (its ``solutions/`` and ``exercises/`` files and the
-  course's grading settings, sent once to each worker). In one scratch course
+  and the assignment (its ``solutions/`` and ``exercises/`` files, the
+  course's grading settings and late-penalty rule, and its due date in the
+  course's gradebook, sent once to each worker). In one scratch course
   per assignment, made on first use and kept, it runs nbgrader's
   ``autograde`` and ``generate_feedback`` with the course's settings (sandbox,
   limits, repair, hidden tests outside the kernel) and returns the graded
@@ -47,6 +48,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -62,6 +64,7 @@ __all__ = [
     "TemplateCachingHTMLExporter",
     "assignment_bundle",
     "connect",
+    "gradebook_duedate",
     "grade_on_cluster",
     "grade_remotely",
     "results",
@@ -69,8 +72,13 @@ __all__ = [
 ]
 
 SCHEDULER_ENV = "KVLIB_DASK_SCHEDULER"
-# Sections of the course's nbgrader settings a worker must apply as the course does.
-_SETTINGS = ("Execute", "VerifiedExecute", "SandboxedKernelManager")
+# Sections of the course's nbgrader settings a worker must apply as the course does: how
+# it runs a notebook, and the late-penalty rule the feedback page's score applies (with
+# the section of a plugin class the course names in AssignLatePenalties.plugin_class).
+_SETTINGS = (
+    "Execute", "VerifiedExecute", "SandboxedKernelManager", "AssignLatePenalties",
+    "LateSubmissionPlugin",
+)
 # A scheduler answers a connection on loopback or a LAN in milliseconds; a busy one that
 # was started a moment ago, within a few seconds. Past this, it is not there.
 CONNECT_TIMEOUT_S = 5
@@ -83,17 +91,19 @@ class SchedulerUnreachable(RuntimeError):
 @dataclass(frozen=True)
 class Assignment:
     """What every task of one assignment shares: files by path relative to the assignment's
-    folder, and the course's grading settings (nbgrader config sections, as JSON)."""
+    folder, the course's grading settings (nbgrader config sections, as JSON) and the
+    assignment's due date in the course's gradebook (ISO 8601, UTC; "" when it has none)."""
 
     name: str
     source: dict[str, bytes]
     release: dict[str, bytes]
     settings: str
+    duedate: str = ""
 
     @property
     def digest(self) -> str:
         """Names a worker's scratch course: the same assignment, the same folder."""
-        h = hashlib.sha256(self.name.encode() + self.settings.encode())
+        h = hashlib.sha256(f"{self.name}\0{self.settings}\0{self.duedate}".encode())
         for files in (self.source, self.release):
             for path in sorted(files):
                 h.update(path.encode() + b"\0" + hashlib.sha256(files[path]).digest())
@@ -134,11 +144,28 @@ def _files(folder: Path, ignore: tuple[str, ...] = (".ipynb_checkpoints", "__pyc
     return found
 
 
-def assignment_bundle(root: Path, assignment: str, config: Any) -> Assignment:
-    """The assignment's files and the course's grading settings, from the course ``root``."""
+def _setting(value: Any) -> Any:
+    """A setting as JSON holds it: a class (e.g. a late-penalty plugin) by its import path,
+    which traitlets reads back as the class."""
+    return f"{value.__module__}.{value.__qualname__}" if isinstance(value, type) else value
+
+
+def _sections(config: Any) -> list[str]:
+    """:data:`_SETTINGS`, and the section of the late-penalty plugin class the course names."""
+    plugin = config["AssignLatePenalties"].get("plugin_class") if (
+        "AssignLatePenalties" in config) else None
+    named = [str(_setting(plugin)).rsplit(".", 1)[-1]] if plugin else []
+    return [*_SETTINGS, *named]
+
+
+def assignment_bundle(
+    root: Path, assignment: str, config: Any, duedate: datetime | None = None
+) -> Assignment:
+    """The assignment's files and the course's grading settings, from the course ``root``;
+    ``duedate`` as the course's gradebook holds it (naive, UTC)."""
     settings = {
-        name: {k: v for k, v in config[name].items() if k != "course_root"}
-        for name in _SETTINGS
+        name: {k: _setting(v) for k, v in config[name].items() if k != "course_root"}
+        for name in _sections(config)
         if name in config
     }
     return Assignment(
@@ -146,7 +173,20 @@ def assignment_bundle(root: Path, assignment: str, config: Any) -> Assignment:
         source=_files(root / "solutions" / assignment),
         release=_files(root / "exercises" / assignment),
         settings=json.dumps(settings, sort_keys=True),
+        duedate=duedate.isoformat() if duedate else "",
     )
+
+
+def gradebook_duedate(api: Any, assignment: str) -> datetime | None:
+    """``assignment``'s due date in the course's gradebook; None when it has none yet."""
+    from nbgrader.api import Gradebook, MissingEntry
+
+    with Gradebook(api.coursedir.db_url, api.coursedir.course_id) as gb:
+        try:
+            duedate: datetime | None = gb.find_assignment(assignment).duedate
+        except MissingEntry:
+            return None
+    return duedate
 
 
 # ---- the worker side -------------------------------------------------------------------
@@ -245,6 +285,12 @@ def _scratch(assignment: Assignment) -> tuple[Path, Any]:
         result = api.generate_assignment(assignment.name, force=True, create=True)
     if not result.get("success"):
         raise RuntimeError(f"generate_assignment failed on a worker:\n{result.get('error')}")
+    if assignment.duedate:  # the late penalty the feedback page subtracts depends on it
+        from nbgrader.api import Gradebook
+
+        with Gradebook(api.coursedir.db_url) as gb:
+            gb.update_or_create_assignment(
+                assignment.name, duedate=datetime.fromisoformat(assignment.duedate))
     _SCRATCH[assignment.digest] = root, api
     return root, api
 
@@ -523,7 +569,9 @@ def grade_on_cluster(
             report(student=student, success=True, skipped=True, seconds=0.0, error="", log="")
             continue
         todo[student] = task_of(root, assignment, student)
-    futures = submit(client, assignment_bundle(root, assignment, api.config), todo, feedback)
+    bundle = assignment_bundle(root, assignment, api.config,
+                               gradebook_duedate(api, assignment))
+    futures = submit(client, bundle, todo, feedback)
     if prepare is not None:
         prepare()
     with Recorder(api) as recorder:

@@ -23,6 +23,7 @@ import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -82,7 +83,11 @@ SCORES = {
     "pasted": (TOTAL, "appeared 2 times"),
     # An honest notebook beside a link to the solution: set aside on the client, never sent.
     "linked": (TOTAL, "answers.txt is a link or special file: left out of grading"),
+    # Right answers submitted after the due date, under a rule that zeroes late work.
+    "late": (0.0, ""),
 }
+DUEDATE = datetime(2026, 3, 1, 12, 0)
+LATE_TIMESTAMP = "2026-03-02 12:00:00.000000 UTC"
 
 
 @dataclass
@@ -140,11 +145,19 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
 
 
 def _class_course(folder: Path) -> Path:
+    from nbgrader.api import Gradebook
+
     course, release = new_course(folder, timeout_s=3, limits=LIMITS)
     for name, nb in _students(release).items():
         write(nb, submitted(course, name))
     linked = write(submission(RIGHT, release), submitted(course, "linked"))
     (linked.parent / "answers.txt").symlink_to(course / "solutions" / ASSIGNMENT / linked.name)
+    late = write(submission(RIGHT, release), submitted(course, "late"))
+    (late.parent / "timestamp.txt").write_text(LATE_TIMESTAMP)
+    with Gradebook(f"sqlite:///{course / 'gradebook.db'}") as gb:
+        gb.update_or_create_assignment(ASSIGNMENT, duedate=DUEDATE)
+    with (course / "nbgrader_config.py").open("a") as config:
+        config.write('c.LateSubmissionPlugin.penalty_method = "zero"\n')
     return course
 
 
@@ -197,10 +210,17 @@ def test_same_graded_notebooks_and_feedback(runs: Runs) -> None:
             nb.metadata.get("kvlib")
         ]
 
+    def scores_shown(course: Path, student: str) -> list[str]:
+        html = (course / "feedback" / student / ASSIGNMENT / f"{NOTEBOOK}.html").read_text()
+        assert "HIDDEN TESTS" not in html
+        return re.findall(r"\(Score: [^)]*\)|Late submission penalty", html)
+
     for student in SCORES:
         assert view(runs.remote, student) == view(runs.local, student), student
-        html = runs.remote / "feedback" / student / ASSIGNMENT / f"{NOTEBOOK}.html"
-        assert "HIDDEN TESTS" not in html.read_text()
+        assert scores_shown(runs.remote, student) == scores_shown(runs.local, student), student
+    # The late student's page subtracts the penalty on both paths.
+    shown = scores_shown(runs.remote, "late")
+    assert "Late submission penalty" in shown and f"(Score: 0.0 / {TOTAL:.1f})" in shown
 
 
 def test_same_graded_folders(runs: Runs) -> None:
@@ -230,6 +250,30 @@ def test_rerun_grades_only_what_is_missing(runs: Runs, cluster: Cluster,
     out = capsys.readouterr().out
     assert status == 0 and out.count("up to date") == len(SCORES) - 1
     assert grades(runs.remote) == before
+
+
+def test_a_task_carries_the_late_penalty_rule_and_due_date(tmp_path: Path) -> None:
+    """The settings a worker applies include the late-penalty rule, a plugin class the
+    course names (as an import path, with its own section), and the gradebook's due date."""
+    from nbgrader.plugins import LateSubmissionPlugin
+    from traitlets.config import Config
+
+    from course.cluster import assignment_bundle
+
+    class Halve(LateSubmissionPlugin):
+        pass
+
+    config = Config()
+    config.AssignLatePenalties.plugin_class = Halve
+    config.Halve.penalty_method = "zero"
+    config.Execute.timeout = 7
+    bundle = assignment_bundle(tmp_path, ASSIGNMENT, config, DUEDATE)
+    settings = json.loads(bundle.settings)
+    assert settings["AssignLatePenalties"]["plugin_class"].endswith(".Halve")
+    assert settings["Halve"] == {"penalty_method": "zero"}
+    assert settings["Execute"] == {"timeout": 7}
+    assert bundle.duedate == "2026-03-01T12:00:00"
+    assert bundle.digest != assignment_bundle(tmp_path, ASSIGNMENT, config).digest
 
 
 def test_unreachable_scheduler_is_one_line(tmp_path: Path,
