@@ -33,6 +33,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from kvlib._validate import is_int, is_number
 from kvlib.serving.erlang import (
     QueueStats,
     UnstableQueueError,
@@ -56,7 +57,7 @@ __all__ = [
 def pool_slots(max_num_seqs: int, seats: int) -> int:
     """``c = min(max_num_seqs, seats)``: the requests that can decode at once."""
     for name, value in (("max_num_seqs", max_num_seqs), ("seats", seats)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        if not is_int(value) or value < 1:
             raise ValueError(f"{name} must be a whole number >= 1, got {value!r}")
     return min(max_num_seqs, seats)
 
@@ -160,6 +161,6 @@ def allen_cunneen_wait_s(
     if not math.isfinite(wait) or wait < 0:
         raise ValueError(f"mmc_mean_wait_s must be a finite number of seconds >= 0, got {wait!r}")
     for name, value in (("service_cv2", service_cv2), ("arrival_cv2", arrival_cv2)):
-        if isinstance(value, bool) or not isinstance(value, int | float) or not value >= 0:
+        if not is_number(value) or not value >= 0:
             raise ValueError(f"{name} must be a squared coefficient of variation >= 0")
     return wait * (arrival_cv2 + service_cv2) / 2

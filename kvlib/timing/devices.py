@@ -17,6 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from kvlib._validate import is_int
 from kvlib.hardware import gpu_from_torch_name
 from kvlib.units import KiB, MiB
 
@@ -165,7 +166,7 @@ THROTTLE_REASONS = {
 
 def throttle_reasons(mask: int) -> list[str]:
     """The names of the reasons set in NVML's bit ``mask`` (unknown bits as hex)."""
-    if isinstance(mask, bool) or not isinstance(mask, int) or mask < 0:
+    if not is_int(mask) or mask < 0:
         raise ValueError(f"mask must be an int >= 0 (NVML's reason bits), got {mask!r}")
     names = [name for bit, name in THROTTLE_REASONS.items() if mask & bit]
     unknown = mask & ~sum(THROTTLE_REASONS)
