@@ -38,12 +38,11 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tests"))
-sys.path.insert(0, str(ROOT / "scripts"))
+import build_lite  # scripts/, this script's folder, is first on sys.path
 
-import build_lite  # noqa: E402
-from site_helpers import CHROMIUM, CHROMIUM_ARGS, browser_cpu_seconds  # noqa: E402
+from course.browser import CHROMIUM, CHROMIUM_ARGS, browser_cpu_seconds
+
+ROOT = Path(__file__).resolve().parent.parent
 
 DEFAULT_NOTEBOOK = "05_rate_limiting/rate_limiting.ipynb"
 # Nothing but the local server resolves: a request elsewhere fails at once, and is

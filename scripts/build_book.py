@@ -245,46 +245,15 @@ def remote_assets(html_dir: Path) -> list[str]:
     return problems
 
 
-def provision_curve_keys() -> None:
-    """Give every kernel a fresh CurveZMQ key pair, so kernels start encrypted and quiet.
-
-    jupyter_client starts kernels over TCP on 127.0.0.1, and ipykernel (7.x) then logs
-    "Kernel is running over TCP without encryption" to stderr once per kernel: dozens of
-    times per build. ``ConnectionFileMixin`` writes ``curve_publickey`` and
-    ``curve_secretkey`` into the connection file when they are set, the kernel then
-    encrypts its sockets and the client (``km.client()``, which reads the same connection
-    info) authenticates with the public key. The keys are made when the connection file
-    is first written, one pair per kernel. (The IPC transport would also silence the
-    warning, but its socket paths default to ``kernel-ipc-N`` in the working directory,
-    which pages executing in parallel in one chapter folder would share.)
-    """
-    import zmq
-    from jupyter_client.connect import ConnectionFileMixin
-
-    if getattr(ConnectionFileMixin.write_connection_file, "provisions_curve_keys", False):
-        return
-    if not zmq.has("curve"):
-        return  # libzmq built without CurveZMQ: kernels stay on plain TCP (and warn)
-    write = ConnectionFileMixin.write_connection_file
-
-    def write_connection_file(self: ConnectionFileMixin, **kwargs: object) -> None:
-        if self.curve_secretkey is None:
-            self.curve_publickey, self.curve_secretkey = zmq.curve_keypair()
-        write(self, **kwargs)
-
-    write_connection_file.provisions_curve_keys = True  # type: ignore[attr-defined]
-    ConnectionFileMixin.write_connection_file = write_connection_file  # type: ignore[method-assign]
-
-
 # jupyter-book's CLI has no --jobs; Sphinx reads (and myst-nb executes) pages in
 # parallel processes when build_sphinx is given jobs > 1. The parallel readers are
-# forked from this process, so the kernels they start get provision_curve_keys too.
+# forked from this process, so the kernels they start get provision_curve_keys
+# (course.kernel_keys) too.
 _PARALLEL_CLI = """
 import sys
 import jupyter_book.sphinx as sphinx_module
 jobs = int(sys.argv.pop(1))
-sys.path.insert(0, sys.argv.pop(1))  # scripts/, for build_book
-from build_book import provision_curve_keys
+from course.kernel_keys import provision_curve_keys
 provision_curve_keys()
 original = sphinx_module.build_sphinx
 def build_sphinx(*args, **kwargs):
@@ -324,7 +293,7 @@ def jupyter_book_command(
     config: Path | None = None,
 ) -> list[str]:
     """The jupyter-book CLI of this Python environment, with warnings as errors."""
-    command = [sys.executable, "-c", _PARALLEL_CLI, str(build_jobs()), str(Path(__file__).parent)]
+    command = [sys.executable, "-c", _PARALLEL_CLI, str(build_jobs())]
     command += ["build", str(source), "--builder", "html", "-W", "-n", "--keep-going"]
     if output is not None:
         command += ["--path-output", str(output)]

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import functools
 import http.server
-import os
 import re
 import subprocess
 import sys
@@ -25,15 +24,6 @@ BUILD_DIR = ROOT / "_build"
 HTML_DIR = BUILD_DIR / "html"
 # Written by scripts/build_book.py after a successful build, and only then.
 BUILD_STAMP = BUILD_DIR / ".kvlib_sources.sha256"
-CHROMIUM = Path("/usr/bin/chromium")
-CHROMIUM_ARGS = [
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--no-first-run",
-]
 # Inputs of the build: a change to any of them makes _build/html stale.
 BUILD_INPUTS = [
     "_config.yml",
@@ -253,33 +243,3 @@ _ID = re.compile(r"""\bid=["']([^"']+)["']""")
 def html_ids(path: Path) -> frozenset[str]:
     """Every element id in a built HTML file (anchor targets)."""
     return frozenset(_ID.findall(path.read_text(encoding="utf-8", errors="replace")))
-
-
-def browser_cpu_seconds() -> float:
-    """CPU time used so far by the live Chromium processes this process started: a figure
-    that depends less than wall time on what else the machine runs."""
-    parents: dict[int, int] = {}
-    stats: dict[int, list[str]] = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            text = (entry / "stat").read_text()
-        except OSError:
-            continue
-        name = text[text.index("(") + 1 : text.rindex(")")]
-        rest = text[text.rindex(")") + 2 :].split()
-        parents[int(entry.name)] = int(rest[1])
-        if name.startswith(("chromium", "chrome")):
-            stats[int(entry.name)] = rest
-
-    def ours(pid: int) -> bool:
-        while pid > 1:
-            if pid == os.getpid():
-                return True
-            pid = parents.get(pid, 1)
-        return False
-
-    # Fields 14 and 15 of /proc/PID/stat: user and system time, in clock ticks.
-    ticks = sum(int(rest[11]) + int(rest[12]) for pid, rest in stats.items() if ours(pid))
-    return ticks / os.sysconf("SC_CLK_TCK")

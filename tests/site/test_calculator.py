@@ -26,13 +26,12 @@ from urllib.parse import parse_qsl, urlencode, urlsplit
 
 import pytest
 from site_helpers import (
-    CHROMIUM,
-    CHROMIUM_ARGS,
     ROOT,
-    browser_cpu_seconds,
     ensure_site,
     serve_directory,
 )
+
+from course.browser import CHROMIUM, CHROMIUM_ARGS, browser_cpu_seconds
 
 pytestmark = pytest.mark.site
 

@@ -27,7 +27,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from site_helpers import CHROMIUM, CHROMIUM_ARGS, ROOT, ensure_site, serve_directory
+from site_helpers import ROOT, ensure_site, serve_directory
+
+from course.browser import CHROMIUM, CHROMIUM_ARGS
 
 sys.path.insert(0, str(ROOT / "scripts"))
 

@@ -21,8 +21,6 @@ from urllib.parse import unquote, urldefrag, urlsplit
 
 import pytest
 from site_helpers import (
-    CHROMIUM,
-    CHROMIUM_ARGS,
     HTML_DIR,
     ROOT,
     TocPage,
@@ -33,6 +31,8 @@ from site_helpers import (
     source_has_plot,
     toc_pages,
 )
+
+from course.browser import CHROMIUM, CHROMIUM_ARGS
 
 pytestmark = pytest.mark.site
 

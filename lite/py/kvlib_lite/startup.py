@@ -33,7 +33,7 @@ LOCAL_ONLY = frozenset(
 def local_only_message(module: str) -> str:
     """The one line a cell prints when it imports a package the browser cannot have."""
     return (f"this cell needs the local install: make lab ({module} has no build that "
-            "runs in the browser)")  # fmt: skip
+            "runs in the browser)")
 
 
 def stored_id() -> str:

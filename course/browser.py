@@ -1,0 +1,54 @@
+"""Debian's Chromium as the course's browser checks and benchmarks run it, headless.
+
+- :data:`CHROMIUM`: the Debian package's binary (``make browser`` installs it);
+- :data:`CHROMIUM_ARGS`: its flags in a container, with no network traffic of its own;
+- :func:`browser_cpu_seconds`: the CPU time of the Chromium processes this process
+  started, the figure a benchmark reports beside wall time.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+__all__ = ["CHROMIUM", "CHROMIUM_ARGS", "browser_cpu_seconds"]
+
+CHROMIUM = Path("/usr/bin/chromium")
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
+
+
+def browser_cpu_seconds() -> float:
+    """CPU time used so far by the live Chromium processes this process started: a figure
+    that depends less than wall time on what else the machine runs."""
+    parents: dict[int, int] = {}
+    stats: dict[int, list[str]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            text = (entry / "stat").read_text()
+        except OSError:
+            continue
+        name = text[text.index("(") + 1 : text.rindex(")")]
+        rest = text[text.rindex(")") + 2 :].split()
+        parents[int(entry.name)] = int(rest[1])
+        if name.startswith(("chromium", "chrome")):
+            stats[int(entry.name)] = rest
+
+    def ours(pid: int) -> bool:
+        while pid > 1:
+            if pid == os.getpid():
+                return True
+            pid = parents.get(pid, 1)
+        return False
+
+    # Fields 14 and 15 of /proc/PID/stat: user and system time, in clock ticks.
+    ticks = sum(int(rest[11]) + int(rest[12]) for pid, rest in stats.items() if ours(pid))
+    return ticks / os.sysconf("SC_CLK_TCK")
