@@ -127,8 +127,8 @@ STREAM_CHUNK_CHARS = 64 * 1024
 # - IPython 9 copies everything a cell prints into its history (InteractiveShell._tee);
 #   a print loop fills the sandbox's memory with it in seconds, so the copy is turned off;
 # - ipykernel buffers printed text until its IO thread sends it, and a print loop outruns
-#   that thread (most of all on a busy machine): each stream's text past {cell_chars}
-#   characters in one cell is dropped where it is printed.
+#   that thread (most of all on a busy machine): each stream's text in one cell past the
+#   grader's cap plus one chunk (kernel_boot's cell_chars) is dropped where it is printed.
 _KERNEL_BOOT = """\
 import contextlib, sys
 if sys.path and sys.path[0] == "":
