@@ -121,5 +121,4 @@ def configure(
     km.file_bytes = limits.file_bytes
     km.scratch_bytes = limits.scratch_bytes
     km.cpu_s = limits.notebook_s
-    km.max_output_bytes = limits.output_bytes
     c.ClearSolutions.code_stub = {"python": "# YOUR CODE HERE\nraise NotImplementedError()"}

@@ -167,6 +167,14 @@ class VerifiedExecute(Execute):  # type: ignore[misc]
         self._output_cut = False
         self._out_of_time = False
 
+    def create_kernel_manager(self) -> Any:
+        """nbclient's kernel manager, told this executor's output cap: a sandboxed kernel
+        drops printed text past it as it is printed (:func:`course.limits.kernel_boot`)."""
+        km = super().create_kernel_manager()
+        if isinstance(km, SandboxedKernelManager):
+            km.max_output_bytes = self.max_output_bytes
+        return km
+
     def preprocess(
         self, nb: NotebookNode, resources: dict[str, Any], km: Any = None
     ) -> tuple[NotebookNode, dict[str, Any]]:

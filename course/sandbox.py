@@ -109,8 +109,8 @@ class SandboxedKernelManager(AsyncKernelManager):
     )
     max_output_bytes = Integer(
         _DEFAULTS.output_bytes,
-        help="The executor's max_output_bytes: the kernel sends one chunk of a cell's printed "
-        "text past it and drops the rest",
+        help="Printed characters per cell the grader keeps (VerifiedExecute sets its own): "
+        "the kernel sends one chunk of a cell's printed text past it and drops the rest",
     ).tag(config=True)
 
     def __init__(self, **kwargs: Any) -> None:

@@ -100,6 +100,18 @@ def _printed(cells: list[str], **manager: Any) -> tuple[list[list[str]], list[st
     return asyncio.run(main())
 
 
+def test_the_kernel_drops_output_past_the_executors_own_cap() -> None:
+    """One setting: the cap an instructor gives the executor is the one its kernel applies."""
+    import nbformat
+
+    from course.execute import VerifiedExecute
+
+    executor = VerifiedExecute(max_output_bytes=3 * MiB, kernel_name="python3")
+    executor.nb = nbformat.v4.new_notebook()
+    km = executor.create_kernel_manager()
+    assert isinstance(km, SandboxedKernelManager) and km.max_output_bytes == 3 * MiB
+
+
 def test_a_long_print_reaches_the_grader_in_pieces() -> None:
     """One print of 3 MB: stream messages of at most STREAM_CHUNK_CHARS, all of it there."""
     (texts,), statuses = _printed(["print('x' * 3_000_000, end='')"], mode="off",
