@@ -16,7 +16,9 @@ the saved notebook the way the instructor's batch does.
 - :mod:`course.batch`: ``make grade``, a class on every core;
 - :mod:`course.cluster`: ``make grade ... SCHEDULER=``, the kernels on a Dask cluster;
 - :mod:`course.selfcheck`: ``make check`` and the notebook's "Check your work" cell;
-- :mod:`course.tables`: the results tables the book's pages glue (MyST Markdown).
+- :mod:`course.tables`: the results tables the book's pages glue (MyST Markdown);
+- :mod:`course.gpu_runs`: the GPU check's JSON runs (``scripts/gpu_check.py``), read back
+  for chapter 6's runs page;
 - :mod:`course.kernel_keys`: encrypted kernel connections, a build without transport warnings;
 - :mod:`course.browser`: Debian's Chromium as the browser checks and benchmarks run it.
 """

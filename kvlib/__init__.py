@@ -40,7 +40,7 @@ Chapter 5, rate limiting and queues:
     kvlib.serving (bucket, erlang, queueing, ratelimit, retries, simulate, slots)
 
 Chapter 6, timing (the harness, ``bench``, is the package itself):
-    kvlib.timing (devices, records, roofline, workloads)
+    kvlib.timing (devices, roofline, workloads)
 
 Chapter 7, the capstone:
     kvlib.capacity (assessment, crossover, examples, remedies, scenario, symptoms)

@@ -49,21 +49,16 @@ def cdiv(a: int, b: int) -> int:
     return -(a // -b)
 
 
-def _int_words(minimum: int) -> str:
-    if minimum == 0:
-        return "a non-negative integer"
-    if minimum == 1:
-        return "a positive integer"
-    return f"an integer >= {minimum}"
+_INT_WORDS = {0: "a non-negative integer", 1: "a positive integer"}
 
 
 def require_int(value: object, name: str, minimum: int = 0) -> int:
     """``value`` if it is an ``int`` (not a bool) of at least ``minimum``, else an error."""
-    if not is_int(value):
-        raise WrongTypeError(f"{name} must be {_int_words(minimum)}, got {value!r}")
-    if value < minimum:
-        raise ValueError(f"{name} must be {_int_words(minimum)}, got {value!r}")
-    return value
+    if is_int(value) and value >= minimum:
+        return value
+    words = _INT_WORDS.get(minimum, f"an integer >= {minimum}")
+    error = ValueError if is_int(value) else WrongTypeError
+    raise error(f"{name} must be {words}, got {value!r}")
 
 
 def require_positive(value: object, name: str) -> float:

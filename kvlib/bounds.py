@@ -70,8 +70,7 @@ def decode_tokens_per_s(bytes_read_per_step: int, bandwidth_bytes_per_s: float) 
     """Upper bound on one sequence's decode speed: ``bandwidth / bytes read per step``.
 
     Each step reads every weight (and the batch's KV cache) from memory once,
-    so a memory-bound step cannot be faster. For example, 4 GB
-    of int4 weights through 1,008 GB/s give 252 tokens/s.
+    so a memory-bound step cannot be faster.
     """
     require_int(bytes_read_per_step, "bytes_read_per_step", 1)
     require_positive(bandwidth_bytes_per_s, "bandwidth_bytes_per_s")
@@ -149,11 +148,8 @@ def kv_bytes_per_gpu(
             f"{valid_tp_degrees(cfg, max_tp=max(tp, 8))}"
         )
     by_layer = kv_bytes_by_layer(cfg, context_tokens, kv_dtype)
-    total = 0
-    for layer, layer_bytes in zip(cfg.layers, by_layer, strict=True):
-        share = layer.tp_share(tp)
-        total += layer_bytes * share.numerator // share.denominator
-    return total
+    shares = [layer.tp_share(tp) for layer in cfg.layers]
+    return sum(b * s.numerator // s.denominator for b, s in zip(by_layer, shares, strict=True))
 
 
 def min_gpus(
@@ -174,10 +170,8 @@ def min_gpus(
     usable = vllm_budget_bytes(gpu, gpu_memory_utilization)
     weights = weight_bytes(cfg, weight_dtype)
     lower = math.ceil(weights / usable)
-    for tp in valid_tp_degrees(cfg, max_tp):
-        if tp >= lower and weights / tp < usable:
-            return tp
-    return None
+    fits = (tp for tp in valid_tp_degrees(cfg, max_tp) if tp >= lower and weights / tp < usable)
+    return next(fits, None)
 
 
 # Prefill: the FLOPs of reading a prompt, and the time to first token they bound.
@@ -223,9 +217,9 @@ def attention_pairs(spec: CacheSpec, prompt_tokens: int) -> int:
 def prefill_attention_flops(cfg: ModelConfig, prompt_tokens: int) -> int:
     """``sum over layers of pairs x H x 2 (d_qk + d_v)``: QK^T and AV, 2 FLOPs a multiply-add.
 
-    ``H`` is the query heads (grouped-query attention shares keys, not the work).
-    MLA prefill runs on decompressed heads (vLLM's MLA prefill path): keys of
-    ``qk_nope + qk_rope`` and values of ``v_head_dim`` per head.
+    ``H`` is the query heads (grouped-query attention shares keys, not the work);
+    an MLA layer counts its decompressed heads
+    (:meth:`kvlib.specs.MLALatent.attention_flops_per_pair`).
     """
     return sum(
         spec.attention_pairs(prompt_tokens)

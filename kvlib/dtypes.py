@@ -41,5 +41,4 @@ def bytes_for(elements: int, dtype: str) -> int:
 
     Sub-byte types pack two 4-bit values in a byte; an odd count rounds up.
     """
-    bits = DTYPE_BITS[check_dtype(dtype)]
-    return cdiv(elements * bits, 8)
+    return cdiv(elements * DTYPE_BITS[check_dtype(dtype)], 8)

@@ -5,13 +5,9 @@ The core formula, per token and per layer of standard (MHA/GQA/MQA) attention::
     2 (K and V) x num_key_value_heads x head_dim x bytes_per_element
 
 Every layer's cache is a spec (:mod:`kvlib.specs`) that knows its own bytes
-per token and how many tokens it keeps; this module sums over layers. A
-sliding-window layer keeps at most ``sliding_window - 1`` past tokens (the
-next token attends to itself and the ``W - 1`` before it; transformers'
-``DynamicSlidingWindowLayer`` slices ``[-sliding_window + 1:]``). An MLA
-layer caches one latent of ``kv_lora_rank + qk_rope_head_dim`` elements per
-token, with no factor 2 (DeepSeek-V2 paper, section 2.1; vLLM's
-``MLAAttentionSpec``).
+per token and how many tokens it keeps (a sliding window its last ``W - 1``;
+an MLA latent, ``kv_lora_rank + qk_rope_head_dim`` elements a token with no
+factor 2); this module sums over layers.
 """
 
 from __future__ import annotations
@@ -46,8 +42,7 @@ def kv_bytes_per_token_dense(
 ) -> int:
     """``2 x L x H_kv x d x b``: bytes one token occupies in a full-attention cache.
 
-    ``bytes_per_element`` may be 0.5 for a 4-bit cache. For example
-    ``kv_bytes_per_token_dense(40, 8, 128, 2) == 163840`` (160 KiB).
+    ``bytes_per_element`` may be 0.5 for a 4-bit cache.
     """
     require_int(num_layers, "num_layers", 1)
     require_int(num_kv_heads, "num_kv_heads", 1)
@@ -105,11 +100,8 @@ def kv_bytes_by_layer(
     *,
     mla_layout: MLALayout = "latent",
 ) -> list[int]:
-    """Bytes each layer holds for one sequence of ``context_tokens``.
-
-    ``tokens held x bytes per token``, plus a linear-attention layer's fixed
-    state once the sequence has a token.
-    """
+    """Bytes each layer holds for one sequence of ``context_tokens``
+    (:meth:`kvlib.specs.CacheSpec.bytes_for_context`)."""
     require_int(context_tokens, "context_tokens")
     return [
         spec.bytes_for_context(context_tokens, kv_dtype) for spec in layer_specs(cfg, mla_layout)
@@ -130,23 +122,18 @@ def kv_bytes(
 
 
 def summed_page_bytes(cfg: ModelConfig, block_size: int = 16, kv_dtype: str = "bf16") -> int:
-    """One block of ``block_size`` tokens across every layer: each layer's page, summed.
+    """One block of ``block_size`` tokens across every layer: each layer's page
+    (:meth:`kvlib.specs.CacheSpec.page_bytes`), summed.
 
     Every layer counted at ``block_size`` tokens, as if one block id held every
     layer; on a hybrid model vLLM unifies page sizes first
-    (:func:`kvlib.paging.vllm_pool.unified_page_bytes`), which can differ. Full
-    attention: ``2 x block_size x H_kv x d x b`` per layer
-    (``AttentionSpec.real_page_size_bytes``); an MLA latent drops the 2;
-    a linear-attention layer's page is its whole state (``MambaSpec``).
+    (:func:`kvlib.paging.vllm_pool.unified_page_bytes`), which can differ.
     """
     return sum(spec.page_bytes(block_size, kv_dtype) for spec in cfg.layers)
 
 
 def seats(free_bytes: int, bytes_per_seat: int) -> int:
-    """Whole sequences that fit: ``floor(free_bytes / bytes_per_seat)``.
-
-    A card with 9 GiB free, 640 MiB a seat, gives 14 (the 15th fails).
-    """
+    """Whole sequences that fit: ``floor(free_bytes / bytes_per_seat)``."""
     require_int(free_bytes, "free_bytes")
     require_int(bytes_per_seat, "bytes_per_seat", 1)
     return free_bytes // bytes_per_seat

@@ -69,19 +69,14 @@ def parse_bytes(text: str) -> int:
         raise ValueError(f"{text!r} is in bits ({unit}); give bytes, e.g. 'GB' or 'GiB'")
     canonical = _UNIT_BY_LOWER.get(unit.lower())
     if canonical is None:
-        known = ", ".join(_ALL_UNITS)
-        raise ValueError(f"unknown unit {unit!r} in {text!r}: use one of {known}")
+        raise ValueError(f"unknown unit {unit!r} in {text!r}: use one of {', '.join(_ALL_UNITS)}")
     return round(float(number.replace(",", "").replace("_", "")) * _ALL_UNITS[canonical])
 
 
 def _pick_unit(n_bytes: int, binary: bool) -> str:
     """The largest unit in which ``n_bytes`` is at least 1."""
     table = BINARY_UNITS if binary else DECIMAL_UNITS
-    chosen = "B"
-    for name, size in table.items():
-        if abs(n_bytes) >= size:
-            chosen = name
-    return chosen
+    return next((name for name, size in reversed(table.items()) if abs(n_bytes) >= size), "B")
 
 
 def format_bytes(
@@ -118,6 +113,4 @@ def format_flops(flops_per_s: float, *, digits: int = 2) -> str:
 def _format_number(value: float, digits: int) -> str:
     """Comma-grouped, at most ``digits`` decimals, trailing zeros removed."""
     text = f"{value:,.{digits}f}"
-    if "." in text:
-        text = text.rstrip("0").rstrip(".")
-    return text
+    return text.rstrip("0").rstrip(".") if "." in text else text

@@ -1,8 +1,6 @@
 """The seats and decode speed a deployment scenario's KV pool allows.
 
-A :class:`~kvlib.capacity.scenario.Scenario` states the
-model, the GPU, the parallelism, the precisions, the engine's limits and the
-traffic. :func:`assess` turns it into a :class:`Capacity`:
+:func:`assess` turns a :class:`~kvlib.capacity.scenario.Scenario` into a :class:`Capacity`:
 
 - the KV pool on each GPU: ``ceil(u x M_CUDA) - W / tp - runtime``, with CUDA's
   total where recorded (:func:`kvlib.hardware.vllm_budget_bytes`), cut into vLLM's
@@ -28,9 +26,6 @@ traffic. :func:`assess` turns it into a :class:`Capacity`:
       tokens/s = min(decode bound, O x mfu x g x F_peak / F_req).
 
   The first term is the memory (KV-bound) regime, the second the compute regime.
-
-The remedies (each a changed scenario, ranked by what it costs) are in
-:mod:`kvlib.capacity.remedies`; the price of the tokens/s, in :mod:`kvlib.capacity.crossover`.
 """
 
 from __future__ import annotations
@@ -102,10 +97,8 @@ class Capacity:
     @property
     def tokens_per_s(self) -> float:
         """The joint bound: ``min(decode bound, compute bound)``, every replica."""
-        compute = self.compute_tokens_per_s
-        if compute is None:
-            return self.decode_tokens_per_s
-        return min(self.decode_tokens_per_s, compute)
+        compute, decode = self.compute_tokens_per_s, self.decode_tokens_per_s
+        return decode if compute is None else min(decode, compute)
 
     @property
     def bound_by(self) -> str:
@@ -130,7 +123,7 @@ def held_blocks(groups: tuple[KVCacheGroup, ...], tokens: int) -> int:
     (each kind's :meth:`~kvlib.specs.CacheSpec.held_blocks`: ``cdiv(T, B)`` for full
     attention, at most ``cdiv(W - 1, B) + 1`` in a window, ``cdiv(C, B)`` in a chunk)."""
     require_int(tokens, "tokens", 1)
-    return sum(group.held_blocks(tokens) for group in groups)
+    return sum(group.spec.held_blocks(tokens, group.block_size) for group in groups)
 
 
 def seats_with_shared_prefix(pool_blocks: int, blocks_per_sequence: int, shared_blocks: int) -> int:
@@ -214,12 +207,11 @@ def cascade_attention_applies(
     FlashDecoding ``n x H_kv x cdiv(H / H_kv, 128) x tiles`` CTAs, each over ``num_sms``;
     the fewer waves wins. The flag ``disable_cascade_attn`` (off by default) turns it off.
     """
-    for name, value in (("common_prefix_tokens", common_prefix_tokens),
-                        ("num_requests", num_requests)):
-        require_int(value, name)
-    for name, value in (("num_query_heads", num_query_heads), ("num_kv_heads", num_kv_heads),
-                        ("num_sms", num_sms)):
-        require_int(value, name, 1)
+    require_int(common_prefix_tokens, "common_prefix_tokens")
+    require_int(num_requests, "num_requests")
+    require_int(num_query_heads, "num_query_heads", 1)
+    require_int(num_kv_heads, "num_kv_heads", 1)
+    require_int(num_sms, "num_sms", 1)
     if common_prefix_tokens < 256 or windowed or num_requests < 8:
         return False
     queries_per_kv = num_query_heads // num_kv_heads

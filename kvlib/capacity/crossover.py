@@ -68,9 +68,7 @@ class Crossover:
     @property
     def cost_per_million_at_full_use(self) -> float:
         """The dedicated deployment's cost per million tokens at 100 % utilization."""
-        return dedicated_cost_per_million_tokens(
-            self.gpu_hour_price, self.gpus, self.tokens_per_s, 1.0
-        )
+        return self.cost_per_million(1.0)
 
     def cost_per_million(self, utilization: float) -> float:
         """The dedicated deployment's cost per million tokens at ``utilization``."""

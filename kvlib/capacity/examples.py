@@ -16,6 +16,7 @@ Each comes with the model a "fewer bytes per token" remedy would switch to.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from kvlib.capacity.scenario import Scenario
@@ -50,15 +51,7 @@ def document_assistant() -> Scenario:
 
 def retrieval_heavy() -> Scenario:
     """Long prompts, short replies: the pool is full, and prefill arithmetic binds."""
-    return Scenario(
-        model=load_config("Llama-3.1-8B"),
-        gpu=get_gpu("H100-SXM"),
-        prompt_tokens=6_000,
-        shared_prefix_tokens=2_000,
-        output_tokens=500,
-        concurrency=128,
-        needed_context_tokens=8_192,
-    )
+    return dataclasses.replace(document_assistant(), prompt_tokens=6_000, output_tokens=500)
 
 
 def bundled_scenarios() -> tuple[BundledScenario, ...]:

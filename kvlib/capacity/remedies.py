@@ -191,11 +191,10 @@ def rank_remedies(scenario: Scenario, alternative: ModelConfig | None = None) ->
             after = assess(change(scenario))
         except _NotApplicable as reason:
             skipped.append((name, str(reason)))
-            continue
         except ScenarioError as reason:
             skipped.append((name, f"the changed deployment cannot run: {reason}"))
-            continue
-        effects.append(RemedyEffect(name, tier, cost, changes, leaves, after, baseline))
+        else:
+            effects.append(RemedyEffect(name, tier, cost, changes, leaves, after, baseline))
     effects.sort(key=lambda e: (e.tier, -e.after.tokens_per_s, -e.seats_gained,
                                 -e.guaranteed_seats_gained))
     return Ranking(baseline, tuple(effects), tuple(skipped))

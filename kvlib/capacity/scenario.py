@@ -1,16 +1,11 @@
 """A deployment scenario, and the checks that refuse one no engine would run as stated.
 
 A :class:`Scenario` states everything the capacity arithmetic
-(:func:`kvlib.capacity.assessment.assess`) needs: the model, the GPU, the tensor-parallel
-degree and replicas, the weight and cache precisions, the engine's maximum
-context (``max_model_len``; vLLM defaults it to the model's
-``max_position_embeddings``) against the context the product needs, the traffic
-(prompt and output tokens, a shared system prompt, the concurrency it keeps in
-flight), the engine's limits, and the model FLOPs utilization (``mfu``) its GPUs'
-arithmetic reaches.
-
-:func:`check_scenario` raises :class:`ScenarioError` for a scenario that cannot
-be served as stated, naming the field and the fix.
+(:func:`kvlib.capacity.assessment.assess`) needs: the model and GPU, the parallelism, the
+precisions, the engine's limits against the context the product needs, the traffic, and
+the model FLOPs utilization (``mfu``) its GPUs' arithmetic reaches. :func:`check_scenario`
+raises :class:`ScenarioError` for a scenario that cannot be served as stated, naming the
+field and the fix.
 """
 
 from __future__ import annotations

@@ -8,6 +8,7 @@ STREAM's convention); attention reads the cached K and V once.
 from __future__ import annotations
 
 import argparse
+import contextlib
 from dataclasses import dataclass
 from typing import Any
 
@@ -91,16 +92,6 @@ class DecodeReport(BenchReport):
     arithmetic_intensity_flops_per_byte: float
 
 
-
-
-def _common(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto (default)")
-    parser.add_argument("--cache", default="cold", help="cold (flush L2/LLC, default) or warm")
-    parser.add_argument("--rep-ms", default="100", help="time spent on timed repetitions (100)")
-    parser.add_argument("--warmup-ms", default="25", help="time spent warming up (25)")
-    parser.add_argument("--json", action="store_true", help="print one JSON object")
-
-
 def register(commands: Any) -> None:
     """Add ``kvlib bench`` and its three workloads to the subcommands."""
     bench = commands.add_parser(
@@ -128,7 +119,11 @@ def register(commands: Any) -> None:
     for sub in (decode, matmul):
         sub.add_argument("--dtype", default=None, help=f"{_DTYPES} (bf16 on a GPU, fp32 on CPU)")
     for sub in (copy, decode, matmul):
-        _common(sub)
+        sub.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto (default)")
+        sub.add_argument("--cache", default="cold", help="cold (flush L2/LLC, default) or warm")
+        sub.add_argument("--rep-ms", default="100", help="time spent on timed repetitions (100)")
+        sub.add_argument("--warmup-ms", default="25", help="time spent warming up (25)")
+        sub.add_argument("--json", action="store_true", help="print one JSON object")
         sub.set_defaults(handler=run)
 
 
@@ -224,10 +219,9 @@ def _measure(args: argparse.Namespace) -> BenchReport:
 def _dtype(text: str | None, on_gpu: bool) -> str:
     if text is None:
         return "bf16" if on_gpu else "fp32"
-    try:
+    name = ""
+    with contextlib.suppress(ValueError):
         name = check_dtype(text)
-    except ValueError:
-        name = ""
     if name not in ("bf16", "fp16", "fp32"):
         raise UsageError(f"--dtype {text!r} cannot be timed here: use one of {_DTYPES}")
     return name
@@ -236,14 +230,12 @@ def _dtype(text: str | None, on_gpu: bool) -> str:
 def _report(kind: str, settings: dict[str, Any], workload: Any, result: Any) -> BenchReport:
     """The report of ``kind`` from the timing ``result`` of ``workload`` run with ``settings``."""
     from kvlib.hardware import gpu_from_torch_name
-    from kvlib.timing.records import timing_fields
+    from kvlib.timing import timing_fields
 
     spec = None
     if result.device.startswith("cuda"):
-        try:
+        with contextlib.suppress(KeyError):
             spec = gpu_from_torch_name(result.device_name)
-        except KeyError:
-            spec = None
     common: dict[str, Any] = {
         "workload": workload.name,
         **timing_fields(workload, result),
@@ -276,12 +268,11 @@ def _duration(seconds: float) -> str:
 
 def render(report: BenchReport) -> str:
     """The human-readable table of a bench report."""
-    where = f"{report.device}: {report.device_name}"
     flushed = (
         f", {format_bytes(report.flush_bytes)} written before each" if report.flush_bytes else ""
     )
     rows = [
-        ("device", where),
+        ("device", f"{report.device}: {report.device_name}"),
         ("workload", report.description),
         ("clock", f"{report.clock}, {report.reps} repetitions, {report.cache} cache{flushed}"),
         ("median", f"{_duration(report.median_s)} (p20 {_duration(report.p20_s)}, "

@@ -146,19 +146,17 @@ def benchmark(args: argparse.Namespace) -> EngineBenchReport:
     torch.set_num_threads(1)
     model = TinyDecoder(load_config(tiny_config(max_positions=512)), seed=args.seed)
     requests = [Request(rid, p, m) for rid, p, m in _workload(args.requests, args.seed)]
+    sizes = (args.num_blocks, args.block_size, args.max_num_seqs)
     figures, outputs = {}, {}
     policies: tuple[Policy, ...] = ("static", "continuous")
     for policy in policies:
-        config = EngineConfig(args.num_blocks, args.block_size, args.max_num_seqs,
-                              policy=policy)
-        engine = Engine(model, config, clock=time.process_time)
+        engine = Engine(model, EngineConfig(*sizes, policy=policy), clock=time.process_time)
         results = engine.run(requests)
         figures[policy] = _figures(policy, engine, results)
         outputs[policy] = [r.output_tokens for r in results]
     budgets, chunked_outputs = [], []
     for budget in getattr(args, "budgets", parse_budgets(DEFAULT_BUDGETS)):
-        config = EngineConfig(args.num_blocks, args.block_size, args.max_num_seqs,
-                              max_num_batched_tokens=budget)
+        config = EngineConfig(*sizes, max_num_batched_tokens=budget)
         engine = Engine(model, config, clock=time.process_time)
         results = engine.run(requests)
         most = max(s.prefill_tokens + s.decode_tokens for s in engine.steps)
@@ -201,19 +199,9 @@ def _figures(policy: str, engine: Any, results: list[Any]) -> SchedulerFigures:
     itl = _percentiles([gap for r in results for gap in r.itl_s])
     elapsed = max(r.finish_s for r in results if r.finish_s is not None)
     generated = sum(len(r.output_tokens) for r in results)
+    preemptions = sum(r.preemptions for r in results)
     return SchedulerFigures(
-        policy=policy,
-        elapsed_s=elapsed,
-        generated_tokens=generated,
-        tokens_per_s=generated / elapsed,
-        ttft_p50_s=ttft[0],
-        ttft_p95_s=ttft[1],
-        ttft_p99_s=ttft[2],
-        itl_p50_s=itl[0],
-        itl_p95_s=itl[1],
-        itl_p99_s=itl[2],
-        steps=len(engine.steps),
-        preemptions=sum(r.preemptions for r in results),
+        policy, elapsed, generated, generated / elapsed, *ttft, *itl, len(engine.steps), preemptions
     )
 
 

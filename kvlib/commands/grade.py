@@ -26,7 +26,6 @@ def run(args: argparse.Namespace) -> int:
     except ImportError:
         return fail("grade", "the course's grader is not installed: run `make check NB=...` "
                     "from the course repository")
-
     if not selfcheck.grader_installed():
         return fail("grade", selfcheck.MISSING_GRADER)
     return selfcheck.main(args.notebook, args.json)

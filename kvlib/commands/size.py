@@ -132,17 +132,11 @@ def run(args: argparse.Namespace) -> int:
     return emit(report, args.json, render)
 
 
-@dataclass(frozen=True)
-class _Inputs:
-    cfg: ModelConfig
-    kv_dtype: str
-    weight_dtype: str | None
-    gpu: GPUSpec | None
-    kv_memory_bytes: int | None
-
-
-def _inputs(args: argparse.Namespace) -> _Inputs:
-    """Every flag checked, each failure naming the flag and the fix."""
+def _inputs(
+    args: argparse.Namespace,
+) -> tuple[ModelConfig, str, str | None, GPUSpec | None, int | None]:
+    """``(config, kv dtype, weight dtype or None for auto, GPU, --kv-memory bytes)``, every
+    flag checked, each failure naming the flag and the fix."""
     flags = (("--context", args.context), ("--batch", args.batch), ("--tp", args.tp),
              ("--block-size", args.block_size))
     for flag, value in flags:
@@ -175,7 +169,7 @@ def _inputs(args: argparse.Namespace) -> _Inputs:
             f"attention heads and {cfg.num_key_value_heads} KV heads of {cfg.name} evenly: "
             f"use one of {bounds.valid_tp_degrees(cfg, max_tp=max(args.tp, 8))}"
         )
-    return _Inputs(cfg, kv_dtype, weight_dtype, gpu, kv_memory)
+    return cfg, kv_dtype, weight_dtype, gpu, kv_memory
 
 
 def _dtype(flag: str, value: str) -> str:
@@ -199,30 +193,28 @@ def _weights(cfg: ModelConfig, weight_dtype: str | None) -> tuple[str, int | Non
 
 def size_report(args: argparse.Namespace) -> SizeReport:
     """The report for parsed ``kvlib size`` arguments; UsageError/ConfigError on bad input."""
-    given = _inputs(args)
-    cfg, kv_dtype, tp = given.cfg, given.kv_dtype, args.tp
+    cfg, kv_dtype, weight_dtype, gpu, free = _inputs(args)
+    tp = args.tp
     count = params.count_params(cfg)
-    weight_format, weights, weight_note = _weights(cfg, given.weight_dtype)
+    weight_format, weights, weight_note = _weights(cfg, weight_dtype)
     per_gpu_kv = bounds.kv_bytes_per_gpu(cfg, args.context, kv_dtype, tp)
-    gpu = given.gpu
-    notes = _notes(cfg, kv_dtype, gpu, given.kv_memory_bytes is not None)
+    notes = _notes(cfg, kv_dtype, gpu, kv_memory_given=free is not None)
     usable = None if gpu is None else vllm_budget_bytes(gpu, args.gpu_memory_utilization)
     weights_per_gpu = None if weights is None else cdiv(weights, tp)
-    free = given.kv_memory_bytes
     if free is None and usable is not None and weights_per_gpu is not None:
         free = usable - weights_per_gpu
     fits = None if free is None else free > 0
-    seats = None if free is None else sizing.seats(max(free, 0), per_gpu_kv)
-    step_bytes = speed = None
-    if gpu is not None and weights is not None and fits:
-        step_bytes = bounds.decode_bytes_per_gpu(
-            cfg, args.batch, args.context, kv_dtype, given.weight_dtype, tp
-        )
-        speed = bounds.decode_tokens_per_s(step_bytes, gpu.hbm_bandwidth_bytes_per_s)
-    min_gpus = None
+    free_kv = None if free is None else max(free, 0)
+    seats = None if free_kv is None else sizing.seats(free_kv, per_gpu_kv)
+    step_bytes = speed = min_gpus = None
     if gpu is not None and weights is not None:
-        min_gpus = bounds.min_gpus(cfg, gpu, given.weight_dtype, args.gpu_memory_utilization)
-    pool = _pool(cfg, args, kv_dtype, None if free is None else max(free, 0), notes)
+        if fits:
+            step_bytes = bounds.decode_bytes_per_gpu(
+                cfg, args.batch, args.context, kv_dtype, weight_dtype, tp
+            )
+            speed = bounds.decode_tokens_per_s(step_bytes, gpu.hbm_bandwidth_bytes_per_s)
+        min_gpus = bounds.min_gpus(cfg, gpu, weight_dtype, args.gpu_memory_utilization)
+    pool = _pool(cfg, args, kv_dtype, free_kv, notes)
     return SizeReport(
         model=cfg.name,
         model_type=cfg.model_type,
@@ -241,7 +233,7 @@ def size_report(args: argparse.Namespace) -> SizeReport:
         param_count=count.total,
         active_param_count=count.active,
         param_count_note=count.note or None,
-        weight_dtype=given.weight_dtype or AUTO,
+        weight_dtype=weight_dtype or AUTO,
         weight_format=weight_format,
         weight_bytes=weights,
         weight_note=weight_note,
@@ -255,7 +247,7 @@ def size_report(args: argparse.Namespace) -> SizeReport:
         valid_tp_degrees=None if gpu is None else bounds.valid_tp_degrees(cfg),
         hbm_bandwidth_bytes_per_s=None if gpu is None else gpu.hbm_bandwidth_bytes_per_s,
         kv_bytes_per_gpu=per_gpu_kv,
-        free_kv_bytes_per_gpu=None if free is None else max(free, 0),
+        free_kv_bytes_per_gpu=free_kv,
         fits=fits,
         seats=seats,
         decode_bytes_per_gpu=step_bytes,
@@ -301,13 +293,6 @@ def _pool(
     return _Pool(page, per_sequence, pool.num_blocks, pool.pool_tokens, pool.max_concurrency)
 
 
-def _total_words(gpu: GPUSpec) -> str:
-    """Which total the budget multiplies, in words."""
-    if gpu.cuda_total_bytes is not None:
-        return f"CUDA's total, as vLLM multiplies it: {gpu.cuda_total_source}"
-    return "nvidia-smi's total: no CUDA reading recorded, so an upper bound on vLLM's pool"
-
-
 def _notes(
     cfg: ModelConfig, kv_dtype: str, gpu: GPUSpec | None, kv_memory_given: bool
 ) -> list[str]:
@@ -316,9 +301,14 @@ def _notes(
     if gpu is not None and not gpu.driver_reported:
         notes.append(f"{gpu.name} memory: {gpu.memory_source}")
     if gpu is not None and not kv_memory_given:
+        total = (
+            "nvidia-smi's total: no CUDA reading recorded, so an upper bound on vLLM's pool"
+            if gpu.cuda_total_bytes is None
+            else f"CUDA's total, as vLLM multiplies it: {gpu.cuda_total_source}"
+        )
         notes.append(
             f"free memory = utilization x {gpu.vllm_total_label} total - weights per GPU "
-            f"({_total_words(gpu)}); an engine grants somewhat less: it also reserves "
+            f"({total}); an engine grants somewhat less: it also reserves "
             "activations and CUDA graphs"
         )
     return notes

@@ -74,15 +74,10 @@ def text_config(data: Mapping[str, Any]) -> Mapping[str, Any]:
     The ``model_type`` of the result is the text family (:func:`family`), for a
     nested text config and for a flat file that names the wrapper alike.
     """
-    text = data
-    for key in _TEXT_KEYS:
-        nested = data.get(key)
-        if nested is None:
-            continue
-        if not isinstance(nested, Mapping):
-            raise ConfigError(f"field {key!r} must be an object, got {type(nested).__name__}")
-        text = nested
-        break
+    key = next((k for k in _TEXT_KEYS if data.get(k) is not None), None)
+    text = data if key is None else data[key]
+    if not isinstance(text, Mapping):
+        raise ConfigError(f"field {key!r} must be an object, got {type(text).__name__}")
     model_type = _model_type(text) or (_model_type(data) if text is not data else None)
     if model_type is None:
         return text
@@ -137,11 +132,8 @@ def get_bool(data: Mapping[str, Any], key: str, *, default: bool = False) -> boo
 
 def first_int(data: Mapping[str, Any], keys: tuple[str, ...]) -> int | None:
     """The first of several spellings of one field that is present (GPT-2's ``n_layer``...)."""
-    for key in keys:
-        value = get_optional_int(data, key)
-        if value is not None:
-            return value
-    return None
+    values = (get_optional_int(data, key) for key in keys)
+    return next((value for value in values if value is not None), None)
 
 
 def require_first_int(data: Mapping[str, Any], keys: tuple[str, ...]) -> int:

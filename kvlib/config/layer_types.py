@@ -76,11 +76,10 @@ def layer_types(text: Mapping[str, Any], num_layers: int, window: int | None) ->
     if fam in _UNSUPPORTED:
         raise ConfigError(f"model_type {fam!r} is not supported by kvlib: {_UNSUPPORTED[fam]}")
     declared = text.get("layer_types")
-    types = (
-        _check(declared, num_layers)
-        if declared is not None
-        else _derive(text, fam, num_layers, window)
-    )
+    if declared is None:
+        types = _derive(text, fam, num_layers, window)
+    else:
+        types = _check(declared, num_layers)
     if fam.startswith("gemma4") and types:
         types[-1] = "full_attention"  # Gemma4TextConfig forces the last layer to full attention
     return _shared(text, types)
@@ -125,16 +124,14 @@ def _derive(text: Mapping[str, Any], fam: str, num_layers: int, window: int | No
     return ["full_attention"] * num_layers
 
 
+def _every(num_layers: int, every: int, kind: str) -> list[str]:
+    """Layer ``i`` is full attention when ``(i + 1) % every == 0``, else ``kind``."""
+    return [kind if (i + 1) % every else "full_attention" for i in range(num_layers)]
+
+
 def _pattern(text: Mapping[str, Any], num_layers: int) -> list[str]:
     every = get_optional_int(text, "sliding_window_pattern") or _PATTERNS[_family(text)]
-    return ["sliding_attention" if (i + 1) % every else "full_attention" for i in range(num_layers)]
-
-
-def _gemma3n(text: Mapping[str, Any], num_layers: int) -> list[str]:
-    # Gemma3nTextConfig: every fifth layer is full.
-    return [
-        "full_attention" if (i + 1) % 5 == 0 else "sliding_attention" for i in range(num_layers)
-    ]
+    return _every(num_layers, every, "sliding_attention")
 
 
 def _llama4(text: Mapping[str, Any], num_layers: int) -> list[str]:
@@ -153,7 +150,7 @@ def _llama4(text: Mapping[str, Any], num_layers: int) -> list[str]:
 def _qwen3_next(text: Mapping[str, Any], num_layers: int) -> list[str]:
     # Qwen3NextConfig / Qwen3_5TextConfig: one full-attention layer every interval (4).
     every = get_optional_int(text, "full_attention_interval") or 4
-    return ["linear_attention" if (i + 1) % every else "full_attention" for i in range(num_layers)]
+    return _every(num_layers, every, "linear_attention")
 
 
 def _kimi_linear(text: Mapping[str, Any], num_layers: int) -> list[str]:
@@ -169,27 +166,25 @@ def _kimi_linear(text: Mapping[str, Any], num_layers: int) -> list[str]:
     return ["full_attention" if i and i % 4 == 0 else "linear_attention" for i in range(num_layers)]
 
 
-def _indexed(text: Mapping[str, Any], num_layers: int) -> list[str]:
-    return ["indexed_attention"] * num_layers  # DeepseekV32Config: MLA plus indexer keys
-
-
 _RULES: dict[str, Callable[[Mapping[str, Any], int], list[str]]] = {
     **{fam: _pattern for fam in _PATTERNS},
-    "gemma3n_text": _gemma3n,
+    # Gemma3nTextConfig: every fifth layer is full.
+    "gemma3n_text": lambda text, num_layers: _every(num_layers, 5, "sliding_attention"),
     "llama4_text": _llama4,
     "qwen3_next": _qwen3_next,
     "qwen3_5_text": _qwen3_next,
     "qwen3_5_moe_text": _qwen3_next,
     "kimi_linear": _kimi_linear,
-    "deepseek_v32": _indexed,
+    # DeepseekV32Config: MLA plus indexer keys on every layer.
+    "deepseek_v32": lambda text, num_layers: ["indexed_attention"] * num_layers,
 }
 
 
 def _shared(text: Mapping[str, Any], types: list[str]) -> list[str]:
     """The last ``num_kv_shared_layers`` layers reuse earlier caches (Gemma 3n, Gemma 4)."""
-    default = 15 if _family(text) == "gemma3n_text" else 0  # Gemma3nTextConfig's default
     shared = get_optional_int(text, "num_kv_shared_layers", minimum=0)
-    shared = default if shared is None else shared
+    if shared is None:
+        shared = 15 if _family(text) == "gemma3n_text" else 0  # Gemma3nTextConfig's default
     if shared > len(types):
         raise ConfigError(
             f"'num_kv_shared_layers' ({shared}) exceeds 'num_hidden_layers' ({len(types)})"

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from kvlib.config.fields import (
@@ -32,6 +32,9 @@ __all__ = ["Heads", "attention_heads", "specs_from_types", "sliding_window"]
 _LAYERS = ("num_hidden_layers", "n_layer", "n_layers", "num_layers")
 _HEADS = ("num_attention_heads", "n_head", "n_heads", "num_heads")
 _HIDDEN = ("hidden_size", "n_embd", "d_model")
+# Far above any published decoder (Llama-3.1-405B has 126 layers): kvlib builds one spec per
+# layer, so a corrupt count must be refused before a list that long is made.
+MAX_LAYERS = 10_000
 
 
 @dataclass(frozen=True)
@@ -48,6 +51,10 @@ class Heads:
 def attention_heads(text: Mapping[str, Any]) -> Heads:
     """Read layers, query heads, KV heads and head dim; check they agree."""
     num_layers = require_first_int(text, _LAYERS)
+    if num_layers > MAX_LAYERS:
+        field = next(key for key in _LAYERS if text.get(key) is not None)
+        raise ConfigError(f"field {field!r} is {num_layers:,}: more than {MAX_LAYERS:,} layers "
+                          "is not a real model; check the config's layer count")
     num_heads = require_first_int(text, _HEADS)
     hidden = require_first_int(text, _HIDDEN)
     num_kv_heads = kv_heads(text, num_heads)
@@ -109,12 +116,10 @@ def specs_from_types(
     window = sliding_window(text)
     overrides = _full_layer_overrides(text, types, heads)
     own_indexer = _own_indexer(text, len(types))
-    specs = []
-    for index, layer_type in enumerate(types):
-        kv_heads, head_dim = overrides.get(index, (heads.num_kv_heads, heads.head_dim))
-        shape = _Shape(kv_heads, head_dim, heads.num_heads, own_indexer[index])
-        specs.append(_spec(text, layer_type, shape, window, mla))
-    return tuple(specs)
+    return tuple(
+        _spec(text, layer_type, overrides.get(i, heads), own_indexer[i], window, mla)
+        for i, layer_type in enumerate(types)
+    )
 
 
 def _own_indexer(text: Mapping[str, Any], num_layers: int) -> list[bool]:
@@ -138,18 +143,11 @@ def _own_indexer(text: Mapping[str, Any], num_layers: int) -> list[bool]:
     return [kind == "full" for kind in kinds]
 
 
-@dataclass(frozen=True)
-class _Shape:
-    kv_heads: int
-    head_dim: int
-    num_heads: int
-    own_indexer: bool = True
-
-
 def _spec(
     text: Mapping[str, Any],
     layer_type: str,
-    shape: _Shape,
+    heads: Heads,
+    own_indexer: bool,
     window: int | None,
     mla: MLAShape | None,
 ) -> CacheSpec:
@@ -163,19 +161,19 @@ def _spec(
                 "'layer_types' lists sliding_attention layers but 'sliding_window' is null "
                 "or disabled: set 'sliding_window' to the window in tokens"
             )
-        return SlidingWindow(shape.kv_heads, shape.head_dim, window)
+        return SlidingWindow(heads.num_kv_heads, heads.head_dim, window)
     if layer_type == "chunked_attention":
         chunk = get_optional_int(text, "attention_chunk_size", minimum=2)
         if chunk is None:
             raise ConfigError("chunked_attention layers need 'attention_chunk_size' (tokens)")
-        return ChunkedLocal(shape.kv_heads, shape.head_dim, chunk)
-    indexed = layer_type == "indexed_attention" and shape.own_indexer
+        return ChunkedLocal(heads.num_kv_heads, heads.head_dim, chunk)
+    indexed = layer_type == "indexed_attention" and own_indexer
     indexer = get_int(text, "index_head_dim") if indexed else 0
     if mla is not None:
         return MLALatent(
             kv_lora_rank=mla.kv_lora_rank,
             qk_rope_head_dim=mla.qk_rope_head_dim,
-            num_heads=shape.num_heads,
+            num_heads=heads.num_heads,
             qk_nope_head_dim=mla.qk_nope_head_dim,
             v_head_dim=mla.v_head_dim,
             indexer_head_dim=indexer,
@@ -184,13 +182,13 @@ def _spec(
         raise ConfigError(
             "indexed_attention layers need the MLA fields 'kv_lora_rank' and 'qk_rope_head_dim'"
         )
-    return FullAttention(shape.kv_heads, shape.head_dim)
+    return FullAttention(heads.num_kv_heads, heads.head_dim)
 
 
 def _full_layer_overrides(
     text: Mapping[str, Any], types: list[str], heads: Heads
-) -> dict[int, tuple[int, int]]:
-    """Per-layer (KV heads, head_dim) of Gemma 4's full-attention layers.
+) -> dict[int, Heads]:
+    """Per-layer heads of Gemma 4's full-attention layers, where they differ.
 
     Gemma4TextConfig gives them ``global_head_dim`` (512 when absent) and,
     only when ``attention_k_eq_v`` is true, ``num_global_key_value_heads``;
@@ -199,9 +197,10 @@ def _full_layer_overrides(
     explicit = text.get("per_layer_config")
     if isinstance(explicit, Mapping):
         return {
-            int(index): (
-                get_int(fields, "num_key_value_heads", default=heads.num_kv_heads),
-                get_int(fields, "head_dim", default=heads.head_dim),
+            int(index): replace(
+                heads,
+                num_kv_heads=get_int(fields, "num_key_value_heads", default=heads.num_kv_heads),
+                head_dim=get_int(fields, "head_dim", default=heads.head_dim),
             )
             for index, fields in explicit.items()
             if isinstance(fields, Mapping) and str(index).isdecimal() and str(index).isascii()
@@ -212,7 +211,8 @@ def _full_layer_overrides(
     kv_heads = heads.num_kv_heads
     if get_bool(text, "attention_k_eq_v"):
         kv_heads = get_optional_int(text, "num_global_key_value_heads") or kv_heads
-    return {i: (kv_heads, head_dim) for i, t in enumerate(types) if t == "full_attention"}
+    full = replace(heads, num_kv_heads=kv_heads, head_dim=head_dim)
+    return {i: full for i, t in enumerate(types) if t == "full_attention"}
 
 
 _LINEAR_FIELDS = ("linear_num_key_heads", "linear_num_heads", "linear_head_dim")
@@ -230,27 +230,23 @@ def _linear(text: Mapping[str, Any]) -> LinearState:
         num_heads = get_int(nested, "num_heads", default=32)
         dim = get_int(nested, "head_dim", default=128)
         kernel = get_int(nested, "short_conv_kernel_size", default=4)
-        return _linear_spec(3 * num_heads * dim * kernel, num_heads * dim * dim)
-    if not any(key in text for key in _LINEAR_FIELDS):
+    elif not any(key in text for key in _LINEAR_FIELDS):
         raise ConfigError(
             f"'layer_types' lists linear_attention layers, but model_type "
             f"{text.get('model_type')!r} has none of the fields kvlib sizes such a state from "
             f"({', '.join(_LINEAR_FIELDS)}, or Kimi's 'linear_attn_config'): a Mamba or "
             "lightning-attention state is not modelled"
         )
-    if "linear_num_heads" in text or "linear_head_dim" in text:
+    elif "linear_num_heads" in text or "linear_head_dim" in text:
         num_heads = get_int(text, "linear_num_heads")
         dim = get_int(text, "linear_head_dim")
         kernel = get_int(text, "linear_conv_kernel_dim")
-        return _linear_spec(3 * num_heads * dim * kernel, num_heads * dim * dim)
-    key_heads, key_dim = get_int(text, "linear_num_key_heads"), get_int(text, "linear_key_head_dim")
-    value_heads = get_int(text, "linear_num_value_heads")
-    value_dim = get_int(text, "linear_value_head_dim")
-    conv = (2 * key_heads * key_dim + value_heads * value_dim) * get_int(
-        text, "linear_conv_kernel_dim"
-    )
-    return _linear_spec(conv, value_heads * key_dim * value_dim)
-
-
-def _linear_spec(conv: int, recurrent: int) -> LinearState:
-    return LinearState(conv_elements=conv, recurrent_elements=recurrent)
+    else:  # Gated DeltaNet
+        key_heads = get_int(text, "linear_num_key_heads")
+        key_dim = get_int(text, "linear_key_head_dim")
+        value_heads = get_int(text, "linear_num_value_heads")
+        value_dim = get_int(text, "linear_value_head_dim")
+        kernel = get_int(text, "linear_conv_kernel_dim")
+        conv = (2 * key_heads * key_dim + value_heads * value_dim) * kernel
+        return LinearState(conv, value_heads * key_dim * value_dim)
+    return LinearState(3 * num_heads * dim * kernel, num_heads * dim * dim)

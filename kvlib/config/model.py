@@ -1,10 +1,8 @@
 """A model's architecture from a Hugging Face ``config.json``: :class:`ModelConfig`.
 
-``load_config`` accepts a path, a folder, a dict or the name of a bundled config
-and returns a frozen :class:`ModelConfig` whose ``layers`` are cache specs
-(:mod:`kvlib.specs`). Missing fields take the defaults that ``transformers``
-gives them; contradictory or missing required fields raise :class:`ConfigError`
-naming the field and what was expected.
+Missing fields take the defaults that ``transformers`` gives them; contradictory
+or missing required fields raise :class:`ConfigError` naming the field and what
+was expected.
 """
 
 from __future__ import annotations
@@ -16,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kvlib.config.fields import ConfigError, get_bool, get_optional_int, text_config
+from kvlib.config.fields import ConfigError, first_int, get_bool, get_optional_int, text_config
 from kvlib.config.guards import check_generates, check_modelled
 from kvlib.config.layer_types import layer_types
 from kvlib.config.layers import attention_heads, sliding_window, specs_from_types
@@ -54,6 +52,10 @@ _DTYPE_NAMES = {
     "float32": "fp32",
     "float": "fp32",
 }
+# The MLP width; GPT-2 (``n_inner``) and Falcon may give none: then 4 x hidden.
+_MLP_WIDTH = ("intermediate_size", "n_inner", "ffn_hidden_size", "ffn_dim")
+# The context the model was trained for, or None when the file gives none.
+_POSITIONS = ("max_position_embeddings", "n_positions", "max_sequence_length")
 
 
 @dataclass(frozen=True)
@@ -141,11 +143,8 @@ def load_config(source: str | os.PathLike[str] | Mapping[str, Any]) -> ModelConf
         path = path / "config.json"
     if not path.exists():
         path = bundled_config_path(str(source))
-    return from_dict(_read_json(path), name=_name_for(path))
-
-
-def _name_for(path: Path) -> str:
-    return path.parent.name if path.name == "config.json" else path.stem
+    name = path.parent.name if path.name == "config.json" else path.stem
+    return from_dict(_read_json(path), name=name)
 
 
 def _read_json(path: Path) -> Mapping[str, Any]:
@@ -189,48 +188,22 @@ def from_dict(data: Mapping[str, Any], *, name: str = "custom") -> ModelConfig:
         vision=vision_from(data),
         quantization=quantization_from(data) or quantization_from(text),
         vocab_size=get_optional_int(text, "vocab_size"),
-        intermediate_size=_intermediate_size(text, heads.hidden_size),
+        intermediate_size=first_int(text, _MLP_WIDTH) or 4 * heads.hidden_size,
         tie_word_embeddings=_tied(data, text),
         dtype=_dtype(data, text),
-        max_position_embeddings=_max_positions(text),
+        max_position_embeddings=first_int(text, _POSITIONS),
         raw=text,
     )
-
-
-def _intermediate_size(text: Mapping[str, Any], hidden_size: int) -> int:
-    """MLP width; GPT-2 (``n_inner``) and Falcon default to 4 x hidden."""
-    for key in ("intermediate_size", "n_inner", "ffn_hidden_size", "ffn_dim"):
-        value = get_optional_int(text, key)
-        if value is not None:
-            return value
-    return 4 * hidden_size
-
-
-def _max_positions(text: Mapping[str, Any]) -> int | None:
-    """The context the model was trained for (``max_position_embeddings``, GPT-2's
-    ``n_positions``), or None when the file gives neither."""
-    for key in ("max_position_embeddings", "n_positions", "max_sequence_length"):
-        value = get_optional_int(text, key)
-        if value is not None:
-            return value
-    return None
 
 
 def _tied(data: Mapping[str, Any], text: Mapping[str, Any]) -> bool:
     # transformers' PretrainedConfig default is True; the outer config of a
     # multimodal wrapper carries the flag for the language model.
-    if "tie_word_embeddings" in text:
-        return get_bool(text, "tie_word_embeddings")
-    if "tie_word_embeddings" in data:
-        return get_bool(data, "tie_word_embeddings")
-    return True
+    source = next((s for s in (text, data) if "tie_word_embeddings" in s), None)
+    return True if source is None else get_bool(source, "tie_word_embeddings")
 
 
 def _dtype(data: Mapping[str, Any], text: Mapping[str, Any]) -> str | None:
     """``torch_dtype`` (or ``dtype``): the precision the unquantized tensors ship in."""
-    for source in (text, data):
-        for key in ("dtype", "torch_dtype"):
-            value = source.get(key)
-            if isinstance(value, str) and value in _DTYPE_NAMES:
-                return _DTYPE_NAMES[value]
-    return None
+    values = (source.get(key) for source in (text, data) for key in ("dtype", "torch_dtype"))
+    return next((_DTYPE_NAMES[v] for v in values if isinstance(v, str) and v in _DTYPE_NAMES), None)

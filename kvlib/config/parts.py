@@ -192,11 +192,8 @@ def moe_from(text: Mapping[str, Any], num_layers: int) -> MoEConfig | None:
     ``first_k_dense_replace`` on; Qwen2/3-MoE: every ``decoder_sparse_step``-th,
     minus ``mlp_only_layers``; others: every layer).
     """
-    count = None
-    for key in _EXPERT_COUNT:
-        count = get_optional_int(text, key, minimum=0)
-        if count is not None:
-            break
+    counts = (get_optional_int(text, key, minimum=0) for key in _EXPERT_COUNT)
+    count = next((c for c in counts if c is not None), None)
     if not count:
         return None
     active = first_int(text, _EXPERTS_PER_TOKEN)
@@ -207,20 +204,17 @@ def moe_from(text: Mapping[str, Any], num_layers: int) -> MoEConfig | None:
     width = get_optional_int(text, "moe_intermediate_size") or get_int(text, "intermediate_size")
     shared = (get_optional_int(text, "n_shared_experts", minimum=0) or 0) * width
     shared += get_optional_int(text, "shared_expert_intermediate_size", minimum=0) or 0
-    return MoEConfig(count, active, width, shared, _moe_layers(text, num_layers))
-
-
-def _moe_layers(text: Mapping[str, Any], num_layers: int) -> tuple[bool, ...]:
     first = get_optional_int(text, "first_k_dense_replace", minimum=0) or 0
     every = get_optional_int(text, "moe_layer_freq") or 1
     step = get_optional_int(text, "decoder_sparse_step") or 1
     dense_only = text.get("mlp_only_layers") or []
     if not isinstance(dense_only, list) or not all(isinstance(i, int) for i in dense_only):
         raise ConfigError("'mlp_only_layers' must list layer numbers (0-based)")
-    return tuple(
+    moe_layers = tuple(
         i >= first and i % every == 0 and (i + 1) % step == 0 and i not in dense_only
         for i in range(num_layers)
     )
+    return MoEConfig(count, active, width, shared, moe_layers)
 
 
 @dataclass(frozen=True)

@@ -70,8 +70,7 @@ class RequestResult:
     @property
     def itl_s(self) -> list[float]:
         """Inter-token latencies: the time between consecutive tokens of the reply."""
-        times = self.token_times_s
-        return [later - earlier for earlier, later in itertools.pairwise(times)]
+        return [later - earlier for earlier, later in itertools.pairwise(self.token_times_s)]
 
 
 @dataclass(frozen=True)
@@ -246,13 +245,10 @@ class Engine:
         return True
 
     def _input(self, chunk: Chunk) -> SeqInput:
-        end = chunk.start + chunk.num_tokens
-        new = chunk.seq.tokens[chunk.start : end]
-        return SeqInput(new, chunk.start, self._slots(chunk.seq.request_id, end))
-
-    def _slots(self, request_id: str, num_tokens: int) -> list[int]:
-        table, size = self.cache.block_table(request_id), self.config.block_size
-        return [table[p // size] * size + p % size for p in range(num_tokens)]
+        end, size = chunk.start + chunk.num_tokens, self.config.block_size
+        table = self.cache.block_table(chunk.seq.request_id)
+        slots = [table[p // size] * size + p % size for p in range(end)]
+        return SeqInput(chunk.seq.tokens[chunk.start : end], chunk.start, slots)
 
     def _emit(self, seq: SeqState, token: int, now: float) -> None:
         request, result = self._states[seq.request_id][0], self.results[seq.request_id]

@@ -169,8 +169,7 @@ class Scheduler:
         """Decide the next step at time ``now_s``; ``more_coming`` says requests are still
         to arrive (a static batch may wait for them up to ``max_wait_s``)."""
         plan = Plan()
-        budget = self.max_num_batched_tokens
-        budget = self._schedule_running(plan, budget)
+        budget = self._schedule_running(plan, self.max_num_batched_tokens)
         if not plan.preempted and self._may_admit(now_s, more_coming):
             self._admit(plan, budget)
         if self.policy == "static" and self.running:
@@ -196,15 +195,13 @@ class Scheduler:
     def _cached_prefix_tokens(self, seq: SeqState) -> int:
         """Tokens of ``seq`` whose blocks the pool holds already (leading full blocks, the
         last token excluded), 0 when prefix caching is off."""
-        if not self.cache.pool.enable_prefix_caching:
+        pool, size = self.cache.pool, self.cache.block_size
+        if not pool.enable_prefix_caching:
             return 0
-        tokens, size = seq.tokens, self.cache.block_size
-        hits = 0
-        for block_hash in block_hashes(tokens, size)[: (len(tokens) - 1) // size]:
-            if self.cache.pool.get_cached_block(block_hash) is None:
-                break
-            hits += 1
-        return hits * size
+        tokens = seq.tokens
+        hashes = block_hashes(tokens, size)[: (len(tokens) - 1) // size]
+        misses = (i for i, h in enumerate(hashes) if pool.get_cached_block(h) is None)
+        return next(misses, len(hashes)) * size
 
     def _admit(self, plan: Plan, budget: int | None) -> None:
         """FCFS: admit while a batch slot, token budget and the scheduled tokens' blocks are
@@ -240,9 +237,8 @@ class Scheduler:
             if budget is not None and budget <= 0:
                 break
             start = seq.num_computed_tokens
-            n = len(seq.tokens) - start
-            if budget is not None:
-                n = min(n, budget)
+            wanted = len(seq.tokens) - start
+            n = wanted if budget is None else min(wanted, budget)
             while self.cache.blocks_needed(seq.request_id, n) > self.cache.pool.num_free_blocks:
                 victim = self.running[-1]
                 self._preempt(victim, plan)

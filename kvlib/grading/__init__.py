@@ -1,30 +1,15 @@
 """Answer checks for the graded notebooks: right or wrong, and if wrong, why.
 
 ``expect(answer, expected, ...)`` passes silently when ``answer`` is within the
-stated tolerance of ``expected``. Otherwise it raises ``AssertionError`` whose
-message names the most likely slip: a wrong value the challenge lists in
-``mistakes`` (a hint mapped to the value that slip produces), or a generic
-factor between the answer and the right value (the factor 2 for keys and
-values, bits for bytes, KiB for KB, one layer for all, query heads for KV
-heads). The slips, ``Mistake`` and ``diagnose``, which names them, are in
-:mod:`kvlib.grading.slips`.
-
+stated tolerance of ``expected``. Otherwise its ``AssertionError`` names the
+most likely slip (:mod:`kvlib.grading.slips`): a wrong value the challenge lists
+in ``mistakes``, or a generic factor between the answer and the right value.
 The message never contains ``expected`` (learners see it in their feedback),
 only the learner's own answer and the name of the mistake.
 
-Only real numbers of an exact builtin type (``int``, ``float``) or a NumPy
-scalar type are accepted: ``bool``, strings, ``NaN``, infinities, subclasses
-and objects with their own ``__eq__`` are refused before any comparison, so
-an object that claims to equal everything cannot pass.
-
-The challenge's own named mistakes are checked before any generic rule: a
-byte count given in KB (98.304 for 98,304 bytes) gets the KB hint, not "not a
-whole number".
-
-``plausible(answer, ...)`` is the visible sanity check under an answer cell:
-it accepts exactly the types and values ``expect`` accepts (the same
-``real_value`` and whole-number rule), then checks a broad range, so it never
-refuses an answer the hidden test would grade right.
+``plausible(answer, ...)`` is the visible sanity check under an answer cell: it
+accepts exactly what ``expect`` accepts (``real_value`` and the whole-number
+rule), so it never refuses an answer the hidden test would grade right.
 
 ``numbers(challenge, **choices)`` gives each student their own numbers for a
 challenge (:mod:`kvlib.grading.draw`); ``sliding_config`` builds a student's
@@ -107,11 +92,6 @@ def describe_type_problem(type_name: str, name: str = "answer", unit: str = "") 
     return f"{name} is of type {type_name}; give {want}, e.g. int(x) or float(x)."
 
 
-def _type_name(value: object) -> str:
-    cls = type(value)
-    return f"{cls.__module__}.{cls.__qualname__}"
-
-
 def _numpy_real(value: object) -> float | int | None:
     """``value`` as a builtin number if it is a genuine NumPy real scalar, else None."""
     cls = type(value)
@@ -127,16 +107,16 @@ def _numpy_real(value: object) -> float | int | None:
 def real_value(answer: object, name: str = "answer", unit: str = "") -> float | int:
     """``answer`` as a builtin int or float, or AssertionError saying why it is refused.
 
-    ``type(answer) is int`` rather than ``isinstance``: subclasses (``bool``
-    among them) could override ``__eq__`` or arithmetic and are refused.
+    Only an exact builtin ``int`` or ``float``, or a genuine NumPy real scalar:
+    ``type(answer) is int`` rather than ``isinstance``, because subclasses
+    (``bool`` among them) and objects with their own ``__eq__`` could claim to
+    equal anything; they, strings, ``NaN`` and infinities are refused before
+    any comparison.
     """
-    value: float | int | None = None
-    if type(answer) is int or type(answer) is float:
-        value = answer
+    value = answer if type(answer) is int or type(answer) is float else _numpy_real(answer)
     if value is None:
-        value = _numpy_real(answer)
-    if value is None:
-        raise AssertionError(describe_type_problem(_type_name(answer), name, unit))
+        kind = f"{type(answer).__module__}.{type(answer).__qualname__}"
+        raise AssertionError(describe_type_problem(kind, name, unit))
     if isinstance(value, float) and not math.isfinite(value):
         raise AssertionError(f"{name} is {value!r}; give a finite number.")
     return value
@@ -173,6 +153,8 @@ def expect(
     whole = not integer or is_whole(value)
     if whole and math.isclose(value, expected, rel_tol=rel, abs_tol=abs):
         return
+    # The challenge's own slips first: 98.304 for 98,304 bytes gets the KB hint,
+    # not "not a whole number".
     named = named_slips(value, expected, mistakes)
     if named:
         raise AssertionError(f"{name} = {value!r}{in_unit} is wrong: {named}")

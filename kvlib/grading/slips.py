@@ -1,23 +1,10 @@
 """The slips a wrong answer reveals, and the hint that names them.
 
 A slip is known by the ratio it produces between a wrong answer and the right
-value. :func:`diagnose` tries, in order:
-
-1. the challenge's own ``mistakes`` (a hint mapped to the exact wrong value the
-   slip produces), every match named, then two of them made together where each
-   scales the answer by a factor (:func:`named_slips`);
-2. the generic factors, one at a time:
-
-   - x2: the factor 2 for keys and values left out or counted twice;
-   - x8: bits where bytes were asked (or the reverse);
-   - 1.024, 1.024**2, 1.024**3: KiB/MiB/GiB read as KB/MB/GB (or the reverse);
-   - x L: one layer's value instead of all ``num_layers`` (or the reverse);
-   - x H/H_kv: attention heads used where the cache stores KV heads;
-
-3. pairs of generic factors (two slips at once).
-
-A hint never contains the right value (learners see it in their feedback),
-only the ratio and the name of the slip.
+value: the factor 2 for keys and values, 8 for bits and bytes, 1.024 per step
+for KiB and KB, ``L`` for one layer and all, ``H / H_kv`` for query and KV
+heads. A hint never contains the right value (learners see it in their
+feedback), only the ratio and the name of the slip.
 
 This module imports nothing beyond the standard library: :mod:`kvlib.grading`,
 which graded notebooks import, uses it.
@@ -25,6 +12,7 @@ which graded notebooks import, uses it.
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Mapping
 from typing import NamedTuple
@@ -55,33 +43,17 @@ def _generic_mistakes(
         Mistake("did you give bits where bytes were asked? (1 byte = 8 bits)", 8.0),
         Mistake("did you divide by 8 once too often, treating bytes as bits?", 1 / 8),
     ]
-    for power, (binary, decimal) in enumerate(
-        (("KiB", "KB"), ("MiB", "MB"), ("GiB", "GB")), start=1
-    ):
+    for power, (binary, decimal) in enumerate((("KiB", "KB"), ("MiB", "MB"), ("GiB", "GB")), 1):
         factor = 1.024**power
-        found.append(
-            Mistake(
-                f"did you mix {binary} (1024^{power} bytes) with {decimal} (1000^{power} bytes)? "
-                f"The answer is off by exactly 1.024^{power}.",
-                factor,
-            )
-        )
-        found.append(Mistake(
-            f"did you mix {decimal} (1000^{power} bytes) with {binary} (1024^{power} bytes)? "
-            f"The answer is off by exactly 1.024^{power}.", 1 / factor))
+        in_binary, in_decimal = f"{binary} (1024^{power} bytes)", f"{decimal} (1000^{power} bytes)"
+        off = f"The answer is off by exactly 1.024^{power}."
+        found.append(Mistake(f"did you mix {in_binary} with {in_decimal}? {off}", factor))
+        found.append(Mistake(f"did you mix {in_decimal} with {in_binary}? {off}", 1 / factor))
     if num_layers is not None and num_layers > 1:
-        found.append(
-            Mistake(
-                f"this is one layer's share: multiply by all {num_layers} layers.", 1 / num_layers
-            )
-        )
-        found.append(
-            Mistake(
-                f"did you multiply by the {num_layers} layers twice, or give a "
-                "total where one layer's value was asked?",
-                float(num_layers),
-            )
-        )
+        found.append(Mistake(f"this is one layer's share: multiply by all {num_layers} layers.",
+                             1 / num_layers))
+        found.append(Mistake(f"did you multiply by the {num_layers} layers twice, or give a "
+                             "total where one layer's value was asked?", float(num_layers)))
     if num_attention_heads and num_kv_heads and num_attention_heads != num_kv_heads:
         ratio = num_attention_heads / num_kv_heads
         found.append(Mistake(
@@ -115,11 +87,10 @@ def named_slips(value: float, expected: float, mistakes: Mapping[str, float] | N
         return "this value comes from either of two slips: " + "; or ".join(hints)
     if expected == 0:
         return ""
-    for i, (first, wrong_a) in enumerate(found):
-        for second, wrong_b in found[i + 1 :]:
-            combined = wrong_a / expected * wrong_b / expected * expected
-            if wrong_a and wrong_b and math.isclose(value, combined, rel_tol=_MISTAKE_REL):
-                return f"two slips at once: {first}; and {second}"
+    for (first, wrong_a), (second, wrong_b) in itertools.combinations(found, 2):
+        combined = wrong_a / expected * wrong_b / expected * expected
+        if wrong_a and wrong_b and math.isclose(value, combined, rel_tol=_MISTAKE_REL):
+            return f"two slips at once: {first}; and {second}"
     return ""
 
 
@@ -148,8 +119,7 @@ def diagnose(
     for slip in slips:
         if math.isclose(ratio, slip.factor, rel_tol=_MISTAKE_REL):
             return f"{_ratio_text(ratio)}: {slip.hint}"
-    for i, first in enumerate(slips):
-        for second in slips[i + 1 :]:
-            if math.isclose(ratio, first.factor * second.factor, rel_tol=_MISTAKE_REL):
-                return f"{_ratio_text(ratio)}, two slips: {first.hint} And {second.hint}"
+    for first, second in itertools.combinations(slips, 2):
+        if math.isclose(ratio, first.factor * second.factor, rel_tol=_MISTAKE_REL):
+            return f"{_ratio_text(ratio)}, two slips: {first.hint} And {second.hint}"
     return None

@@ -186,15 +186,13 @@ def vllm_latent_entry_bytes(cfg: ModelConfig, cache_dtype: str) -> int:
     dtype whose entry vLLM's code does not define.
     """
     mla = MLAShape.from_config(cfg)
-    width = mla.latent_dim
     if cache_dtype in _UNSIZED_CACHE_DTYPES:
         raise ValueError(
             f"cannot size --kv-cache-dtype {cache_dtype}: {_UNSIZED_CACHE_DTYPES[cache_dtype]}"
         )
-    if cache_dtype in ("auto", "bfloat16"):
-        return 2 * width
-    if cache_dtype in ("fp8", "fp8_e4m3"):
-        return width
+    element_bytes = {"auto": 2, "bfloat16": 2, "fp8": 1, "fp8_e4m3": 1}
+    if cache_dtype in element_bytes:
+        return element_bytes[cache_dtype] * mla.latent_dim
     if cache_dtype == "fp8_ds_mla":
         if (mla.kv_lora_rank, mla.qk_rope_head_dim) != (512, 64):
             raise ValueError(

@@ -35,7 +35,6 @@ __all__ = [
 ]
 
 MLAPath = Literal["naive", "absorbed"]
-_PATHS = ("naive", "absorbed")
 
 
 @dataclass(frozen=True)
@@ -88,7 +87,7 @@ def mla_step_cost(
     Every query is scored against every cached token (a causal kernel skips about
     half of the S x S block of a prefill; at decode S = 1 it changes nothing).
     """
-    if path not in _PATHS:
+    if path not in ("naive", "absorbed"):
         raise ValueError(f"path must be 'naive' or 'absorbed', got {path!r}")
     require_int(context_tokens, "context_tokens", 1)
     require_int(query_tokens, "query_tokens", 1)

@@ -34,12 +34,11 @@ AttentionParallel = Literal["tp", "dp"]
 _REPLICATED_MODULES = (".q_a_proj.", ".kv_a_proj_with_mqa.")
 
 
-def _routed(group: WeightGroup) -> bool:
-    """Routed experts: the tensors stored once per expert."""
-    return group.copies_per_layer > 1
-
-
-def _replicated_under_tp(group: WeightGroup) -> bool:
+def _kept_whole(group: WeightGroup, attention: AttentionParallel) -> bool:
+    """Whether every GPU holds ``group`` whole: under DP all but the routed experts (the
+    tensors stored once per expert), under TP the ones vLLM replicates."""
+    if attention == "dp":
+        return group.copies_per_layer <= 1
     if group.role in ("router", "norm"):
         return True
     return any(name in group.module for name in _REPLICATED_MODULES)
@@ -66,12 +65,8 @@ def weight_bytes_per_gpu(
     if weight_dtype is not None:
         check_dtype(weight_dtype)
     groups = weight_groups(cfg)
-    if attention == "dp":
-        whole = [g for g in groups if not _routed(g)]
-        split = [g for g in groups if _routed(g)]
-    else:
-        whole = [g for g in groups if _replicated_under_tp(g)]
-        split = [g for g in groups if not _replicated_under_tp(g)]
+    whole = [g for g in groups if _kept_whole(g, attention)]
+    split = [g for g in groups if not _kept_whole(g, attention)]
     return group_weight_bytes(cfg, whole, weight_dtype) + cdiv(
         group_weight_bytes(cfg, split, weight_dtype), gpus
     )

@@ -137,32 +137,26 @@ class _Layer(nn.Module):
         k = _rope(self.k_proj(normed).view(n, self.kv_heads, self.head_dim), positions)
         v = self.v_proj(normed).view(n, self.kv_heads, self.head_dim)  # (N, H_kv, d)
         out = torch.empty_like(q)
+        groups = self.heads // self.kv_heads
         row = 0
         for seq in batch:
             new = len(seq.new_tokens)
             write = torch.tensor(seq.slots[seq.start : seq.start + new])
             keys[write], values[write] = k[row : row + new], v[row : row + new]
             read = torch.tensor(seq.slots[: seq.start + new])
-            out[row : row + new] = self._attend(q[row : row + new], keys[read], values[read], seq)
+            seq_k = keys[read].repeat_interleave(groups, dim=1).transpose(0, 1)  # (H, T, d)
+            seq_v = values[read].repeat_interleave(groups, dim=1).transpose(0, 1)
+            # Query j sits at position start + j and sees keys 0 .. start + j.
+            mask = torch.ones(new, len(read), dtype=torch.bool).tril(diagonal=len(read) - new)
+            seq_q = q[row : row + new].transpose(0, 1)  # (H, n, d)
+            attn = nn.functional.scaled_dot_product_attention(seq_q, seq_k, seq_v, attn_mask=mask)
+            out[row : row + new] = attn.transpose(0, 1)
             row += new
         x = x + self.o_proj(out.reshape(n, -1))
         normed = self.post_attention_layernorm(x)
         gated = nn.functional.silu(self.gate_proj(normed)) * self.up_proj(normed)
         result: torch.Tensor = x + self.down_proj(gated)
         return result
-
-    def _attend(
-        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seq: SeqInput
-    ) -> torch.Tensor:
-        """Causal attention of ``q`` (n, H, d) over the sequence's ``k``, ``v`` (T, H_kv, d)."""
-        groups = self.heads // self.kv_heads
-        k = k.repeat_interleave(groups, dim=1).transpose(0, 1)  # (H, T, d)
-        v = v.repeat_interleave(groups, dim=1).transpose(0, 1)
-        total, new = k.shape[1], q.shape[0]
-        # Query j sits at position start + j and sees keys 0 .. start + j.
-        mask = torch.ones(new, total, dtype=torch.bool).tril(diagonal=total - new)
-        out = nn.functional.scaled_dot_product_attention(q.transpose(0, 1), k, v, attn_mask=mask)
-        return out.transpose(0, 1)  # (n, H, d)
 
 
 class TinyDecoder(nn.Module):

@@ -21,7 +21,7 @@ scaling here (``qk_head_dim ** -0.5`` is the softmax scale).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 from torch import nn
@@ -90,7 +90,7 @@ class LatentCache:
     rotated RoPE key: the 576-wide entry vLLM pages (``MLAAttentionSpec``).
     """
 
-    latent: torch.Tensor | None = field(default=None)
+    latent: torch.Tensor | None = None
 
     @property
     def tokens(self) -> int:
@@ -157,11 +157,8 @@ class MLAAttention(nn.Module):
         # Query i sits at position past + i and sees keys 0 .. past + i; later ones are masked.
         keys_pos = torch.arange(latent.shape[1], device=hidden.device)
         future = keys_pos[None, :] > positions[:, None]  # (S, T)
-        if path == "naive":
-            out = self._naive(q_nope, q_rope, latent, future)
-        else:
-            out = self._absorbed(q_nope, q_rope, latent, future)
-        out = out.transpose(1, 2).reshape(batch, new, -1)  # (B, S, H * d_v)
+        attend = self._naive if path == "naive" else self._absorbed
+        out = attend(q_nope, q_rope, latent, future).transpose(1, 2).reshape(batch, new, -1)
         result: torch.Tensor = self.o_proj(out)
         return result
 

@@ -50,16 +50,11 @@ def write_to_cache(
     key: torch.Tensor,
     value: torch.Tensor,
 ) -> None:
-    """Store ``key``/``value`` ``(n, H_kv, d)`` in ``slots`` ``(n,)`` of the caches, in place.
-
-    The caches are ``(num_blocks, B, H_kv, d)``; slot ``s`` is block ``s // B``,
-    offset ``s % B`` (vLLM's ``reshape_and_cache``).
-    """
+    """Store ``key``/``value`` ``(n, H_kv, d)`` in ``slots`` ``(n,)`` of the
+    ``(num_blocks, B, H_kv, d)`` caches, in place (vLLM's ``reshape_and_cache``)."""
     num_blocks, block_size, heads, dim = key_cache.shape
-    flat_k = key_cache.view(num_blocks * block_size, heads, dim)  # (slots, H_kv, d)
-    flat_v = value_cache.view(num_blocks * block_size, heads, dim)
-    flat_k[slots] = key.to(key_cache.dtype)
-    flat_v[slots] = value.to(value_cache.dtype)
+    for cache, new in ((key_cache, key), (value_cache, value)):
+        cache.view(num_blocks * block_size, heads, dim)[slots] = new.to(cache.dtype)
 
 
 def paged_decode_attention(
@@ -96,7 +91,6 @@ def paged_decode_attention(
     if int(context_lens.min()) < 1 or int(context_lens.max()) > max_blocks * block_size:
         raise ValueError("context_lens must be >= 1 and fit in the block tables' blocks")
     scale = 1.0 / math.sqrt(dim) if scale is None else scale
-    group = heads // kv_heads
 
     # Gather each sequence's blocks and lay its slots out in token order, heads first.
     tokens = max_blocks * block_size
@@ -106,7 +100,7 @@ def paged_decode_attention(
     keys, values = keys.float().contiguous(), values.float().contiguous()
 
     # Query head h reads KV head h // group: split H into (H_kv, group).
-    q = query.float().reshape(batch, kv_heads, group, dim)  # (batch, H_kv, G, d)
+    q = query.float().reshape(batch, kv_heads, heads // kv_heads, dim)  # (batch, H_kv, G, d)
     scores = torch.matmul(q, keys.transpose(-1, -2)) * scale  # (batch, H_kv, G, T)
     past_end = torch.arange(tokens, device=query.device)[None, :] >= context_lens[:, None]
     scores = scores.masked_fill(past_end[:, None, None, :], float("-inf"))  # (batch, T) mask

@@ -149,16 +149,14 @@ def measure_error(x: torch.Tensor, q: Quantized) -> QuantError:
     err = (q.dequantize() - reference).abs()
     bound = q.error_bound(reference)
     norm = float(reference.double().norm())
-    err_norm = float(err.double().norm())
     saturated = getattr(q, "saturated", None)
-    saturated_fraction = 0.0 if saturated is None else float(saturated(reference).float().mean())
     return QuantError(
-        rel_rms=_ratio(err_norm, norm),
+        rel_rms=_ratio(float(err.double().norm()), norm),
         max_abs=float(err.max()),
         rel_rms_bound=_ratio(float(bound.double().norm()), norm),
         max_abs_bound=float(bound.max()),
         within_bound=bool((err <= bound).all()),
-        saturated_fraction=saturated_fraction,
+        saturated_fraction=0.0 if saturated is None else float(saturated(reference).float().mean()),
     )
 
 

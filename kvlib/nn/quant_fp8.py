@@ -91,10 +91,7 @@ def quantize_fp8(
 
 
 def _from_amax(amax: torch.Tensor) -> torch.Tensor:
-    """``max|x| / 448``: the largest value lands on the largest code (1 for an all-zero x).
-
-    Never below :data:`kvlib.nn.quant.SMALLEST_SCALE`, float32's smallest normal number.
-    """
+    """``max|x| / 448``, at least ``SMALLEST_SCALE`` (1 for an all-zero x): max|x| lands on 448."""
     scale = (amax / FP8_MAX).clamp(min=SMALLEST_SCALE)
     return torch.where(amax > 0, scale, torch.ones_like(amax))
 

@@ -135,14 +135,21 @@ def quantize_int4(
             "reshape it, e.g. x.reshape(-1, x.shape[-1])"
         )
     rows, cols = x.shape
-    _check_group_size(group_size, cols)
+    require_int(group_size, "group_size", 1)
+    if cols % group_size:
+        divisors = [g for g in (32, 64, 128, 256) if cols % g == 0] or [cols]
+        raise ValueError(
+            f"group_size={group_size} does not divide the {cols} columns of x: "
+            f"use a divisor of {cols}, e.g. {divisors[-1]}"
+        )
     if scale_dtype not in _SCALE_DTYPES:
         raise ValueError(f"scale_dtype must be one of {_SCALE_DTYPES}, got {scale_dtype!r}")
     grouped = x.reshape(rows, cols // group_size, group_size)  # (rows, groups, group_size)
     lo = grouped.amin(dim=-1).clamp(max=0)
     hi = grouped.amax(dim=-1).clamp(min=0)
     span = hi - lo
-    scale = _round_up(torch.where(span > 0, (span / 15).clamp(min=SMALLEST_SCALE), 0), scale_dtype)
+    # An all-zero group has range 0: scale 1, every code the zero point.
+    scale = _round_up(torch.where(span > 0, (span / 15).clamp(min=SMALLEST_SCALE), 1), scale_dtype)
     step = scale.to(torch.float32)
     zeros = torch.round(-lo / step).clamp(0, 15)
     codes = torch.round(grouped / step.unsqueeze(-1) + zeros.unsqueeze(-1)).clamp(0, 15)
@@ -155,27 +162,11 @@ def quantize_int4(
     )
 
 
-def _check_group_size(group_size: int, cols: int) -> None:
-    require_int(group_size, "group_size", 1)
-    if cols % group_size:
-        divisors = [g for g in (32, 64, 128, 256) if cols % g == 0] or [cols]
-        raise ValueError(
-            f"group_size={group_size} does not divide the {cols} columns of x: "
-            f"use a divisor of {cols}, e.g. {divisors[-1]}"
-        )
-
-
 def _round_up(scale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """``scale`` in ``dtype``, never below the float32 value (so the range stays covered).
-
-    An all-zero group has range 0; its scale is set to 1 (every code is the zero point).
-    """
-    scale = torch.where(scale > 0, scale, torch.ones_like(scale))
+    """``scale`` in ``dtype``, never below the float32 value (so the range stays covered)."""
     stored = scale.to(dtype)
-    too_small = stored.to(torch.float32) < scale
-    stored = torch.where(
-        too_small, torch.nextafter(stored, torch.full_like(stored, float("inf"))), stored
-    )
+    up = torch.nextafter(stored, torch.full_like(stored, float("inf")))
+    stored = torch.where(stored.to(torch.float32) < scale, up, stored)
     if not bool(torch.isfinite(stored).all()):
         raise ValueError(
             f"a group's scale ({float(scale.max()):.3g}) overflows {dtype}: "
@@ -200,8 +191,7 @@ def pack_int4(codes: torch.Tensor) -> torch.Tensor:
 
 def unpack_int4(packed: torch.Tensor, length: int) -> torch.Tensor:
     """Inverse of :func:`pack_int4`: ``length`` codes along the last dimension."""
-    low, high = packed & 0x0F, packed >> 4
-    both = torch.stack((low, high), dim=-1).flatten(start_dim=-2)
+    both = torch.stack((packed & 0x0F, packed >> 4), dim=-1).flatten(start_dim=-2)  # low first
     return both[..., :length]
 
 

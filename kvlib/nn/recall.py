@@ -223,8 +223,7 @@ def recall_curves(
         where = torch.rand(needles, generator=g)
         ordinary = None
         if massive_share < 1:  # drawn last, so a massive-only run keeps its draws
-            shape = (needles, head.ordinary_read)
-            ordinary = torch.randint(0, 2, shape, generator=g) * 2.0 - 1
+            ordinary = torch.randint(0, 2, (needles, head.ordinary_read), generator=g) * 2.0 - 1
             read = slice(head.massive_channels, head.massive_channels + head.ordinary_read)
             needle_k[:, read] = head.needle_sigmas * ordinary
         queries = head.queries(signs, massive_share, ordinary)
@@ -281,11 +280,9 @@ def tie_recall_bound(head: Head, k_scale: float, contexts: Sequence[int]) -> lis
     """
     contexts = _check_contexts(contexts)
     threshold = _SATURATES_FROM * k_scale
-    if head.needle_sigmas * head.massive_std < threshold:
-        return [1.0 for _ in contexts]
     tail = 0.5 * math.erfc(threshold / head.massive_std / math.sqrt(2))
     p = tail**head.massive_channels
-    if p == 0:
+    if head.needle_sigmas * head.massive_std < threshold or p == 0:
         return [1.0 for _ in contexts]
     return [(1 - (1 - p) ** t) / (t * p) for t in contexts]
 

@@ -76,9 +76,7 @@ class LightningIndexer(nn.Module):
     ) -> torch.Tensor:
         """``I[b, s, t]`` in fp32, ``(B, S, T)``, for queries ``(B, S, D)`` against ``keys``."""
         batch, new = hidden.shape[:2]
-        q = self.wq_b(query_input).view(
-            batch, new, self.num_heads, self.head_dim
-        )  # (B, S, H_I, d_I)
+        q = self.wq_b(query_input).view(batch, new, self.num_heads, self.head_dim)
         q = self._rope(q.transpose(1, 2), cos, sin)  # (B, H_I, S, d_I): RoPE over positions S
         logits = torch.einsum("bjsd,btd->bjst", q.float(), keys.float()) * self.head_dim**-0.5
         weights = self.weights_proj(hidden).float() * self.num_heads**-0.5  # (B, S, H_I)
@@ -101,8 +99,7 @@ def select_top_k(
     masked = scores.masked_fill(future, float("-inf"))  # (B, S, T)
     picked = masked.topk(min(top_k, tokens), dim=-1).indices
     indices = picked.sort(dim=-1).values  # cache order: with k = T, exactly 0 .. T-1
-    valid = indices <= query_positions[None, :, None]
-    return indices, valid
+    return indices, indices <= query_positions[None, :, None]
 
 
 def _attend(

@@ -36,11 +36,8 @@ class Block:
 
 
 class FreeBlockQueue:
-    """Free blocks in eviction order, as a doubly linked list with two sentinels.
-
-    The head is the least recently freed block (evicted first). ``remove``
-    takes a block out of the middle in O(1), which a ``deque`` cannot do.
-    """
+    """Free blocks in eviction order (head first), as a doubly linked list with two sentinels:
+    ``remove`` takes a block out of the middle in O(1), which a ``deque`` cannot do."""
 
     def __init__(self, blocks: Sequence[Block]) -> None:
         self._head = Block(-1)

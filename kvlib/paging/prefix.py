@@ -5,9 +5,9 @@ block's hash, its own token ids and its extra keys: ``h_i = H(h_{i-1}, tokens_i,
 extra_i)``. vLLM's ``generate_block_hash_extra_keys`` puts a LoRA adapter's name
 (and an image's hash, for the blocks it covers) in every block's keys, and the
 request's cache salt in block 0's only (``start_token_idx == 0``): the chain
-carries it to every later block. Because each hash
-folds in its parent's, two sequences share block ``i`` only if they agree on
-*every* token up to the end of that block. This is vLLM v1's scheme
+carries it to every later block. Because each hash folds in its parent's, two
+sequences share block ``i`` only if they agree on *every* token up to the end of
+that block. This is vLLM v1's scheme
 (``hash_block_tokens`` and ``get_request_block_hasher`` in
 ``vllm/v1/core/kv_cache_utils.py``, read at commit ``001cabc1be16``): only full
 blocks are hashed, a partial last block is never shared, and a request whose
@@ -100,11 +100,9 @@ def block_hashes(
     extra_keys: Sequence[ExtraKey] = (),
     cache_salt: str | None = None,
 ) -> list[BlockHash]:
-    """The hash of every *full* block of ``token_ids``; a partial tail gets none.
-
-    ``extra_keys`` go into every block's hash, ``cache_salt`` into block 0's only.
-    """
+    """The hash of every *full* block of ``token_ids``; a partial tail gets none."""
     require_int(block_size, "block_size", 1)
+    block_extra_keys(0, extra_keys, cache_salt)  # a bad salt is refused with no full block too
     hashes: list[BlockHash] = []
     parent: BlockHash | None = None
     for index, start in enumerate(range(0, len(token_ids) - block_size + 1, block_size)):
@@ -187,9 +185,8 @@ def prefix_sharing(
 ) -> PrefixSharing:
     """``num_requests`` prompts of a shared prefix followed by ``unique_tokens`` of their own.
 
-    Only the prefix's full blocks are shared: with a 1,000-token system prompt
-    and 16-token blocks, 62 blocks (992 tokens) are shared and the last 8
-    prefix tokens are recomputed by every request, in a block of its own.
+    Only the prefix's full blocks are shared (:func:`cacheable_blocks`): every request
+    recomputes the prefix's partial last block, in a block of its own.
     """
     require_int(num_requests, "num_requests", 1)
     require_int(shared_prefix_tokens, "shared_prefix_tokens")

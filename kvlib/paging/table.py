@@ -154,21 +154,15 @@ class PagedKVCache:
         tokens = list(token_ids)
         if any(not is_int(t) or t < 0 for t in tokens):
             raise ValueError("token ids must be non-negative integers")
-        needed = self.blocks_needed(seq_id, len(tokens))
-        self.pool.ensure_free(needed)
+        self.pool.ensure_free(self.blocks_needed(seq_id, len(tokens)))
         if tokens and len(seq.token_ids) % self.block_size and seq.blocks[-1].ref_count > 1:
             (copy,) = self.pool.allocate(1)
             self.copies.append((seq.blocks[-1].block_id, copy.block_id))
             self.pool.free([seq.blocks[-1]])
             seq.blocks[-1] = copy
-        seq.blocks += self.pool.allocate(
-            blocks_for_tokens(len(seq.token_ids) + len(tokens), self.block_size) - len(seq.blocks)
-        )
         seq.token_ids += tokens
-        self._cache_new_full_blocks(seq)
-
-    def _cache_new_full_blocks(self, seq: _Sequence) -> None:
         size = self.block_size
+        seq.blocks += self.pool.allocate(cdiv(len(seq.token_ids), size) - len(seq.blocks))
         while len(seq.hashes) < len(seq.token_ids) // size:
             i = len(seq.hashes)
             parent = seq.hashes[-1] if seq.hashes else None

@@ -37,6 +37,7 @@ a null block: the logged size counts it, its scheduler cannot use it.
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass
 
 from kvlib._validate import cdiv, require_int
@@ -98,9 +99,8 @@ def layer_pages(
             raise ValueError(f"layer {i} of {cfg.name}: {exc}") from None
         if page_type is None:
             continue  # a layer reading another layer's cache
-        kind, window = page_type
         page = layer_page_bytes(spec, block_size, kv_dtype, tp)
-        pages.append(LayerPage(kind, window, page, block_size))
+        pages.append(LayerPage(*page_type, page, block_size))
     if not pages:
         raise ValueError(f"{cfg.name} has no layer with a KV cache to page")
     return pages
@@ -128,37 +128,6 @@ class KVCacheGroup:
             max_model_len, self.block_size, max_num_batched_tokens
         )
 
-    def held_blocks(self, tokens: int) -> int:
-        """Blocks this group holds for one sequence of ``tokens`` (the kind's
-        :meth:`~kvlib.specs.CacheSpec.held_blocks`)."""
-        return self.spec.held_blocks(tokens, self.block_size)
-
-
-def _hybrid_groups(pages: list[LayerPage]) -> list[KVCacheGroup]:
-    """vLLM's groups of a model mixing attention types (one page size for all)."""
-    largest = max(p.page_bytes for p in pages)
-    by_type: dict[tuple[str, int | None, int], int] = {}
-    for p in pages:
-        if largest % p.page_bytes:
-            raise ValueError(
-                f"page sizes {p.page_bytes} and {largest} B do not divide: vLLM cannot "
-                "unify them by growing the block size"
-            )
-        block = p.block_size * (largest // p.page_bytes)
-        key = (p.kind, p.window_tokens, block)
-        by_type[key] = by_type.get(key, 0) + 1
-    counts = by_type.values()
-    group_size = min(counts)
-    if max(counts) < 1.5 * min(counts):
-        group_size = max(counts)  # pad the smaller type rather than split the larger
-    groups = []
-    for (kind, window, block), count in by_type.items():
-        for i in range(cdiv(count, group_size)):
-            # layers[i::num_groups], as vLLM assigns them
-            in_group = len(range(i, count, cdiv(count, group_size)))
-            groups.append(KVCacheGroup(kind, window, block, largest, in_group))
-    return groups
-
 
 def kv_cache_groups(
     cfg: ModelConfig, block_size: int = DEFAULT_BLOCK_SIZE, kv_dtype: str = "bf16", tp: int = 1
@@ -173,7 +142,25 @@ def kv_cache_groups(
         # UniformTypeKVCacheSpecs: one group whose page is the sum of the layers' pages.
         total = sum(p.page_bytes for p in pages)
         return [KVCacheGroup(first.kind, first.window_tokens, block_size, total, 1)]
-    return _hybrid_groups(pages)
+    # Mixed attention types: one page size for all, the smaller pages' block size grown.
+    largest = max(p.page_bytes for p in pages)
+    for p in pages:
+        if largest % p.page_bytes:
+            raise ValueError(
+                f"page sizes {p.page_bytes} and {largest} B do not divide: vLLM cannot "
+                "unify them by growing the block size"
+            )
+    by_type = Counter(
+        (p.kind, p.window_tokens, p.block_size * (largest // p.page_bytes)) for p in pages
+    )
+    counts = by_type.values()
+    # Pad the smaller type rather than split the larger when the counts are close.
+    group_size = max(counts) if max(counts) < 1.5 * min(counts) else min(counts)
+    return [  # layers[i::num_groups] of each type, as vLLM assigns them
+        KVCacheGroup(kind, window, block, largest, len(range(i, count, cdiv(count, group_size))))
+        for (kind, window, block), count in by_type.items()
+        for i in range(cdiv(count, group_size))
+    ]
 
 
 @dataclass(frozen=True)

@@ -63,6 +63,7 @@ __all__ = [
 ]
 
 DEFAULT_TIMEOUT_S = 0.25
+CLUSTER_SLOTS = 16_384
 
 
 class LimiterUnavailableError(ConnectionError):
@@ -93,41 +94,27 @@ def connect(client: redis.Redis | str, timeout_s: float) -> redis.Redis:
     return client
 
 
-CLUSTER_SLOTS = 16_384
-
-
-def _crc16_xmodem(data: bytes) -> int:
-    """CRC16-CCITT (XMODEM: polynomial 0x1021, initial 0), the CRC Redis Cluster uses."""
-    crc = 0
-    for byte in data:
-        crc ^= byte << 8
-        for _ in range(8):
-            crc = ((crc << 1) ^ 0x1021) if crc & 0x8000 else crc << 1
-            crc &= 0xFFFF
-    return crc
-
-
 def hash_slot(key: str) -> int:
-    """Redis Cluster's slot of ``key``: ``CRC16(tag or key) mod 16384``.
-
-    The tag is the text between the first ``{`` and the first ``}`` after it,
-    used only when it is not empty (Redis Cluster specification, "Hash tags").
-    """
+    """Redis Cluster's slot of ``key``: ``CRC16(tag or key) mod 16384`` (hash tag: see above)."""
     raw = key.encode()
     start = raw.find(b"{")
     if start != -1:
         end = raw.find(b"}", start + 1)
         if end > start + 1:
             raw = raw[start + 1 : end]
-    return _crc16_xmodem(raw) % CLUSTER_SLOTS
+    crc = 0  # CRC16-CCITT (XMODEM: polynomial 0x1021, initial 0), the CRC Redis Cluster uses
+    for byte in raw:
+        crc ^= byte << 8
+        for _ in range(8):
+            crc = ((crc << 1) ^ 0x1021) if crc & 0x8000 else crc << 1
+            crc &= 0xFFFF
+    return crc % CLUSTER_SLOTS
 
 
 def limiter_keys(key: str) -> tuple[str, str]:
-    """The request and token buckets' keys, ``{key}:requests`` and ``{key}:tokens``.
+    """The request and token buckets' keys, ``{key}:requests`` and ``{key}:tokens``: one slot.
 
-    The braces make ``key`` the hash tag of both, so they share a cluster slot
-    and one script may touch both. ``key`` must not contain braces itself: its
-    own tag would then decide the slot.
+    ``key`` must not contain braces itself: its own tag would then decide the slot.
     """
     if "{" in key or "}" in key:
         raise ValueError(
@@ -280,11 +267,8 @@ class RedisTokenBucket:
         return self._buckets.run("take", [0.0])[2][0]
 
     def reconcile(self, estimated_tokens: float, actual_tokens: float) -> float | None:
-        """Refund (or charge) ``estimated - actual`` tokens; the tokens after.
-
-        ``None`` when Redis is unreachable and the bucket fails open (the
-        settlement is skipped); failing closed raises instead.
-        """
+        """Refund (or charge) ``estimated - actual`` tokens; the tokens after, or ``None``
+        when Redis is unreachable and the bucket fails open (the settlement is skipped)."""
         return self._buckets.adjust([settlement(estimated_tokens, actual_tokens)], 0)
 
 
@@ -295,8 +279,7 @@ class RedisRateLimiter:
     to both buckets or to neither; ``complete(estimated, actual)`` settles the
     token bucket once the reply's real size is known. Each bucket holds a
     minute's allowance unless ``request_burst`` / ``token_burst`` say otherwise,
-    and refills at ``limit / 60`` a second. The buckets live under
-    :func:`limiter_keys` (``{key}:requests``, ``{key}:tokens``): one cluster slot.
+    and refills at ``limit / 60`` a second. The keys are :func:`limiter_keys`'s.
     """
 
     def __init__(
@@ -324,8 +307,7 @@ class RedisRateLimiter:
 
     def admit(self, estimated_tokens: float) -> Decision:
         """Admit one request expected to use ``estimated_tokens`` (prompt + max output)."""
-        token_capacity = self._buckets.limits[1][0]
-        cost = check_cost(estimated_tokens, token_capacity, "estimated_tokens")
+        cost = check_cost(estimated_tokens, self._buckets.limits[1][0], "estimated_tokens")
         return self._buckets.take([1.0, cost])
 
     def complete(self, estimated_tokens: float, actual_tokens: float) -> float | None:

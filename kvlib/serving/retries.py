@@ -33,9 +33,10 @@ from __future__ import annotations
 import heapq
 import math
 import random
+from collections import Counter
 from dataclasses import dataclass
 
-from kvlib._validate import require_int
+from kvlib._validate import is_number, require_int
 from kvlib.serving.bucket import TokenBucket
 
 __all__ = [
@@ -50,11 +51,9 @@ __all__ = [
 
 
 def _share(name: str, value: float, *, top_open: bool = False) -> float:
-    ok = isinstance(value, int | float) and not isinstance(value, bool)
-    if not ok or not (0 <= value < 1 if top_open else 0 <= value <= 1):
+    if not is_number(value) or not (0 <= value < 1 if top_open else 0 <= value <= 1):
         bound = "< 1" if top_open else "<= 1"
-        raise ValueError(f"{name} must be a share between 0 and {bound[2:]} ({bound}), "
-                         f"got {value!r}")
+        raise ValueError(f"{name} must be a share, 0 <= {name} {bound}, got {value!r}")
     return float(value)
 
 
@@ -72,10 +71,8 @@ def served_share(refuse_share: float, max_retries: int | None) -> float:
 
 def attempts_per_request(refuse_share: float, max_retries: int | None) -> float:
     """``(1 - f^(k+1)) / (1 - f)``: attempts the gateway sees per request."""
-    f, k = _share("refuse_share", refuse_share, top_open=True), _retries(max_retries)
-    if k is None:
-        return 1 / (1 - f)
-    return (1 - f ** (k + 1)) / (1 - f)
+    f = _share("refuse_share", refuse_share, top_open=True)
+    return served_share(f, max_retries) / (1 - f)
 
 
 def refuse_share_for_admitted(admitted_share: float, max_retries: int | None) -> float:
@@ -165,11 +162,8 @@ class RetryRun:
     def peak_attempts(self, window_s: float = 0.1, after_s: float = 0.0) -> int:
         """The most attempts in any ``window_s`` bin later than ``after_s``: how spiky
         the gateway's load is once the first burst has passed."""
-        bins: dict[int, int] = {0: 0}
-        for t in (t for t in self.attempt_s if t > after_s):
-            key = math.floor(t / window_s + 1e-9)
-            bins[key] = bins.get(key, 0) + 1
-        return max(bins.values())
+        bins = Counter(math.floor(t / window_s + 1e-9) for t in self.attempt_s if t > after_s)
+        return max(bins.values(), default=0)
 
 
 def simulate_retries(

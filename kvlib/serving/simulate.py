@@ -103,11 +103,9 @@ def batch_means(
     confidence: float = 0.95,
     warmup_fraction: float = 0.05,
 ) -> Estimate:
-    """The mean (or ``q``-quantile) of ``values`` with a batch-means confidence interval.
+    """The mean (or ``q``-quantile) of ``values`` after the first ``warmup_fraction`` (the
+    pool starts empty), +- ``t(confidence, batches - 1) * sd / sqrt(batches)`` over batches.
 
-    Drops the first ``warmup_fraction`` (the pool starts empty), cuts the rest
-    into ``batches`` contiguous batches, computes the statistic per batch, and
-    returns their mean +- ``t(confidence, batches - 1) * sd / sqrt(batches)``.
     A quantile that sits at the atom of zero waits (``P(W > 0)`` near ``1 - q``)
     is poorly estimated this way: each batch's quantile jumps between 0 and a
     positive value. Compare such quantiles through ``P(W > t)`` instead.

@@ -69,11 +69,8 @@ def service_s(output_tokens: float, tokens_per_s: float) -> float:
 
 
 def in_flight(arrivals_per_s: float, time_in_system_s: float) -> float:
-    """Little's law, ``L = lambda x W``: requests in flight on average.
-
-    J. D. C. Little, "A proof for the queuing formula L = lambda W", *Operations
-    Research* 9(3), 1961. 2 requests/s held 30 s each keep 60 in flight.
-    """
+    """Little's law, ``L = lambda x W``: requests in flight on average (J. D. C. Little,
+    "A proof for the queuing formula L = lambda W", *Operations Research* 9(3), 1961)."""
     return check_rate("arrivals_per_s", arrivals_per_s) * check_seconds(
         "time_in_system_s", time_in_system_s
     )

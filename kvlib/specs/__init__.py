@@ -1,22 +1,12 @@
 """What one layer caches: one frozen class per kind of cache.
 
-Every class answers the same questions, so code that sums over layers never
-asks which kind a layer is:
-
-- ``bytes_per_token(dtype)``: bytes one more token adds while the layer still
-  grows (under its window);
-- ``tokens_held(context_tokens)``: tokens the layer keeps of a sequence;
-- ``fixed_bytes(dtype)``: bytes that do not grow with the context (a
-  linear-attention state), held once a sequence has a token;
-- ``bytes_for_context(context_tokens, dtype)``: the two combined;
-- ``page_bytes(block_size, dtype)``: the page vLLM allocates for
-  ``block_size`` tokens of this layer (``vllm/v1/kv_cache_interface.py``);
-- ``tp_share(tp)``: the fraction of the layer's cache each of ``tp``
-  tensor-parallel GPUs holds; ``kv_heads``: the heads TP must split evenly.
+Every class answers the same questions (:class:`CacheSpec`: ``bytes_per_token``,
+``tokens_held``, ``fixed_bytes``, ``bytes_for_context``, ``page_bytes``,
+``tp_share``...), so code that sums over layers never asks which kind a layer is.
 
 The oracle for the byte counts is the cache Hugging Face ``transformers``
-5.23 allocates (``tests/test_reference*.py``); for pages, vLLM's
-``KVCacheSpec.page_size_bytes``.
+5.23 allocates (``tests/reference/test_reference*.py``); for pages, vLLM's
+``KVCacheSpec.page_size_bytes`` (``vllm/v1/kv_cache_interface.py``).
 """
 
 from kvlib.specs.attention import ChunkedLocal, FullAttention, SlidingWindow, vllm_group_spec

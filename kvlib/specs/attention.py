@@ -78,8 +78,7 @@ class SlidingWindow(_Heads):
     def held_blocks(self, tokens: int, block_size: int) -> int:
         """The ``W - 1`` kept tokens straddle at most ``cdiv(W - 1, B) + 1`` blocks; vLLM
         frees the rest (``SlidingWindowManager.remove_skipped_blocks``)."""
-        every = super().held_blocks(tokens, block_size)
-        return min(every, cdiv(self.window - 1, block_size) + 1)
+        return min(super().held_blocks(tokens, block_size), cdiv(self.window - 1, block_size) + 1)
 
     def vllm_blocks_per_request(
         self, max_model_len: int, block_size: int, max_num_batched_tokens: int

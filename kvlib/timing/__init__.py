@@ -2,8 +2,7 @@
 
 The package also holds what it times on (:mod:`~kvlib.timing.devices`), what the
 course times (:mod:`~kvlib.timing.workloads`), the roofline arithmetic
-(:mod:`~kvlib.timing.roofline`, no torch) and GPU runs as JSON
-(:mod:`~kvlib.timing.records`). torch is imported inside the functions only, so
+(:mod:`~kvlib.timing.roofline`, no torch). torch is imported inside the functions only, so
 importing ``kvlib.timing`` costs nothing until something is timed.
 
 ``bench(fn, device="cuda")`` times ``fn`` the way ``triton.testing.do_bench``
@@ -52,6 +51,7 @@ __all__ = [
     "device_name",
     "quantile",
     "sweep",
+    "timing_fields",
 ]
 
 # CUDA Runtime API, cudaEventElapsedTime: "in milliseconds with a resolution of around
@@ -142,6 +142,28 @@ class TimingResult:
         return flops / self.median_s
 
 
+def timing_fields(workload: Any, result: Any) -> dict[str, Any]:
+    """What every report of a timed ``workload`` carries: the device and clock, the cache
+    state, the repetitions, the time quantiles and the bandwidth (``kvlib bench`` and the
+    course's GPU check share them)."""
+    return {
+        "description": workload.description,
+        "device": result.device,
+        "device_name": result.device_name,
+        "clock": result.clock,
+        "cache": result.cache,
+        "flush_bytes": result.flush_bytes,
+        "reps": result.reps,
+        "median_s": result.median_s,
+        "p20_s": result.quantile_s(0.2),
+        "p80_s": result.quantile_s(0.8),
+        "min_s": result.min_s,
+        "resolution_limited": result.resolution_limited,
+        "bytes_moved": workload.bytes_moved,
+        "bandwidth_bytes_per_s": result.bandwidth_bytes_per_s(workload.bytes_moved),
+    }
+
+
 class _Clock:
     """Stamps on the host with ``perf_counter_ns``; the CUDA clock overrides each step."""
 
@@ -205,14 +227,6 @@ def _timed(
     return [clock.seconds(s, e) for s, e in zip(starts, ends, strict=True)]
 
 
-def _check_budget(warmup_s: float, rep_s: float, min_reps: int, max_reps: int) -> None:
-    if not (isinstance(warmup_s, int | float) and math.isfinite(warmup_s) and warmup_s >= 0):
-        raise ValueError(f"warmup_s must be a number of seconds >= 0, got {warmup_s!r}")
-    require_positive(rep_s, "rep_s")
-    if not 1 <= min_reps <= max_reps:
-        raise ValueError(f"need 1 <= min_reps <= max_reps, got {min_reps} and {max_reps}")
-
-
 def bench(
     fn: Callable[[], object],
     *,
@@ -240,7 +254,11 @@ def bench(
     if cache not in ("cold", "warm"):
         raise ValueError(f"cache must be 'cold' (flushed before each repetition) or 'warm', "
                          f"got {cache!r}")
-    _check_budget(warmup_s, rep_s, min_reps, max_reps)
+    if not (isinstance(warmup_s, int | float) and math.isfinite(warmup_s) and warmup_s >= 0):
+        raise ValueError(f"warmup_s must be a number of seconds >= 0, got {warmup_s!r}")
+    require_positive(rep_s, "rep_s")
+    if not 1 <= min_reps <= max_reps:
+        raise ValueError(f"need 1 <= min_reps <= max_reps, got {min_reps} and {max_reps}")
     resolved = resolve_device(device)
     clock = _CudaClock(resolved) if resolved.type == "cuda" else _Clock(resolved)
     flush: Callable[[], object] = lambda: None  # noqa: E731 - a no-op for a warm cache
@@ -290,8 +308,5 @@ def sweep(
     """
     from tqdm.auto import tqdm
 
-    disable = None if progress is None else not progress
-    results = []
-    for case in tqdm(cases, desc=desc, disable=disable):
-        results.append(bench(make(case), device=device, **bench_kwargs))
-    return results
+    bar = tqdm(cases, desc=desc, disable=None if progress is None else not progress)
+    return [bench(make(case), device=device, **bench_kwargs) for case in bar]

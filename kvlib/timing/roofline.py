@@ -187,11 +187,9 @@ def ridge_batch(
 ) -> float | None:
     """The batch ``B*`` at which a decode step's intensity reaches the ridge point ``R``.
 
-    Solving ``2 P B / (W + B x KV) = R``: ``B* = R W / (2 P - R x KV)``. Without
-    cache reads (``KV = 0``) and with ``W = b P`` this is ``R b / 2``: at bf16
-    (2 bytes per parameter), the batch equals the ridge point. None when
-    ``2 P <= R x KV``: the cache reads grow as fast as the FLOPs and the step
-    stays memory-bound at any batch.
+    Solving ``2 P B / (W + B x KV) = R``: ``B* = R W / (2 P - R x KV)``; without cache
+    reads, :func:`matmul_ridge_batch`. None when ``2 P <= R x KV``: the cache reads grow
+    as fast as the FLOPs and the step stays memory-bound at any batch.
     """
     require_int(active_params, "active_params", 1)
     require_int(weight_bytes, "weight_bytes", 1)

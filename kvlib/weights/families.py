@@ -1,13 +1,10 @@
 """Per-family weight tensors, read off each family's ``modeling_*.py`` in transformers 5.23.
 
-Each builder returns :class:`~kvlib.weights.tensors.LayerTensors`: the tensors
-outside the decoder layers (embeddings, final norm, LM head) and a function
-giving layer ``i``'s tensors. ``FAMILY_LAYERS`` maps each ``model_type`` kvlib
-knows to its builder. This module holds the Llama relatives and the
-LayerNorm families (GPT-2, GPT-NeoX, Phi, Falcon); the expert-first families
-(DeepSeek, gpt-oss) are in :mod:`kvlib.weights.families_moe`, the tensor types
-and the blocks every family shares in :mod:`kvlib.weights.tensors`.
-``vision_groups`` lists the vision tower a multimodal checkpoint ships.
+``FAMILY_LAYERS`` maps each ``model_type`` kvlib knows to its builder, which returns
+:class:`~kvlib.weights.tensors.LayerTensors`. This module holds the Llama relatives,
+the LayerNorm families (GPT-2, GPT-NeoX, Phi, Falcon) and ``vision_groups``, the
+vision tower a multimodal checkpoint ships; the expert-first families (DeepSeek,
+gpt-oss) are in :mod:`kvlib.weights.families_moe`.
 """
 
 from __future__ import annotations
@@ -61,16 +58,13 @@ def _llama_attention(cfg: ModelConfig, prefix: str) -> list[LayerTensor]:
 
 
 def _llama_mlp(cfg: ModelConfig, layer: int) -> list[LayerTensor]:
-    h, prefix = cfg.hidden_size, f"{LAYER}.mlp"
-    moe = cfg.moe
+    h, prefix, moe = cfg.hidden_size, f"{LAYER}.mlp", cfg.moe
     if moe is None or not moe.is_moe_layer(layer):
         return gated_mlp(prefix, h, cfg.intermediate_size, cfg.layout.mlp_bias)
-    router: list[LayerTensor] = [
-        layer_tensor(f"{prefix}.gate.weight", (moe.num_experts, h), "router")
-    ]
-    return router + fused_experts(
+    experts = fused_experts(
         f"{prefix}.experts", h, moe.expert_width, moe.num_experts, moe.experts_per_token
     )
+    return [layer_tensor(f"{prefix}.gate.weight", (moe.num_experts, h), "router"), *experts]
 
 
 def _llama(cfg: ModelConfig) -> LayerTensors:
@@ -158,13 +152,12 @@ def _falcon(cfg: ModelConfig) -> LayerTensors:
     qkv = (cfg.num_attention_heads + 2 * cfg.num_key_value_heads) * d
     outside = outside_tensors(cfg, "transformer.word_embeddings", "transformer.ln_f", True)
     p = "transformer.h.{layer}"
-    new_arch = cfg.layout.new_decoder_architecture
-    if new_arch:
+    if cfg.layout.new_decoder_architecture:
         norms = ["ln_attn", "ln_mlp"]
+    elif cfg.layout.parallel_attn:
+        norms = ["input_layernorm"]
     else:
-        norms = ["input_layernorm"] + (
-            [] if cfg.layout.parallel_attn else ["post_attention_layernorm"]
-        )
+        norms = ["input_layernorm", "post_attention_layernorm"]
 
     def layer(i: int) -> list[LayerTensor]:
         tensors = [t for name in norms for t in norm(f"{p}.{name}", h, True)]
@@ -217,22 +210,23 @@ def vision_groups(cfg: ModelConfig) -> list[Tensor] | None:
         return None
     h, width, p = v.hidden_size, v.intermediate_size, "model.vision_tower.vision_model"
     patches = (v.image_size // v.patch_size) ** 2
-    tensors: list[Tensor] = [
-        (f"{p}.embeddings.patch_embedding.weight", (h, v.num_channels, v.patch_size,
-                                                    v.patch_size), "other"),
-        (f"{p}.embeddings.patch_embedding.bias", (h,), "bias"),
-        (f"{p}.embeddings.position_embedding.weight", (patches, h), "embedding"),
+    patch = (h, v.num_channels, v.patch_size, v.patch_size)
+    tensors = [
+        layer_tensor(f"{p}.embeddings.patch_embedding.weight", patch, "other"),
+        layer_tensor(f"{p}.embeddings.patch_embedding.bias", (h,), "bias"),
+        layer_tensor(f"{p}.embeddings.position_embedding.weight", (patches, h), "embedding"),
     ]
     for i in range(v.num_hidden_layers):
         q = f"{p}.encoder.layers.{i}"
-        layer = norm(f"{q}.layer_norm1", h, True) + norm(f"{q}.layer_norm2", h, True)
+        tensors += norm(f"{q}.layer_norm1", h, True) + norm(f"{q}.layer_norm2", h, True)
         for name in ("q_proj", "k_proj", "v_proj", "out_proj"):
-            layer += linear(f"{q}.self_attn.{name}", h, h, True)
-        layer += linear(f"{q}.mlp.fc1", width, h, True) + linear(f"{q}.mlp.fc2", h, width, True)
-        tensors += [(m, s, r) for m, s, r, _, _ in layer]
-    tensors += [(m, s, r) for m, s, r, _, _ in norm(f"{p}.post_layernorm", h, True)]
+            tensors += linear(f"{q}.self_attn.{name}", h, h, True)
+        tensors += linear(f"{q}.mlp.fc1", width, h, True) + linear(f"{q}.mlp.fc2", h, width, True)
+    tensors += norm(f"{p}.post_layernorm", h, True)
     # Gemma3MultiModalProjector: a (vision, text) matrix and an RMSNorm over the vision width.
-    tensors.append(("model.multi_modal_projector.mm_input_projection_weight",
-                    (h, cfg.hidden_size), "linear"))
-    tensors.append(("model.multi_modal_projector.mm_soft_emb_norm.weight", (h,), "norm"))
-    return tensors
+    projector = "model.multi_modal_projector"
+    tensors += [
+        layer_tensor(f"{projector}.mm_input_projection_weight", (h, cfg.hidden_size), "linear"),
+        layer_tensor(f"{projector}.mm_soft_emb_norm.weight", (h,), "norm"),
+    ]
+    return [(m, s, r) for m, s, r, _, _ in tensors]

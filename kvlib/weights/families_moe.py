@@ -1,10 +1,5 @@
-"""Weight tensors of the expert-first families, read off their ``modeling_*.py`` in
-transformers 5.23: DeepSeek-V2/V3/V3.2 (MLA projections, dense first layers, shared
-and routed experts) and gpt-oss (attention with biases and sinks, a biased router,
-biased fused experts).
-
-Each builder returns :class:`~kvlib.weights.tensors.LayerTensors`, as the other
-families' in :mod:`kvlib.weights.families` do.
+"""Weight tensors of the expert-first families, DeepSeek-V2/V3/V3.2 and gpt-oss, read
+off their ``modeling_*.py`` in transformers 5.23 (builders as in :mod:`kvlib.weights.families`).
 """
 
 from __future__ import annotations
@@ -80,7 +75,6 @@ def gpt_oss_tensors(cfg: ModelConfig) -> LayerTensors:
     h, moe, d = cfg.hidden_size, cfg.moe, cfg.head_dim
     q, kv = cfg.num_attention_heads * d, cfg.num_key_value_heads * d
     e, k, width = moe.num_experts, moe.experts_per_token, moe.expert_width
-
     bias = cfg.layout.attention_bias  # GptOssConfig's default is True
 
     def layer(i: int) -> list[LayerTensor]:

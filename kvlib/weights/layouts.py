@@ -119,16 +119,10 @@ def weight_groups(cfg: ModelConfig) -> tuple[WeightGroup, ...]:
 def _merge(groups: list[WeightGroup]) -> list[WeightGroup]:
     """Fold per-layer groups that differ only in their layer into one group."""
     merged: dict[tuple[object, ...], WeightGroup] = {}
-    for group in groups:
-        key = (
-            group.module,
-            group.shape,
-            group.role,
-            group.copies_per_layer,
-            group.active_per_layer,
-        )
-        if group.layers and key in merged:
-            merged[key] = dataclasses.replace(group, layers=merged[key].layers + group.layers)
+    for g in groups:
+        key = (g.module, g.shape, g.role, g.copies_per_layer, g.active_per_layer)
+        if g.layers and key in merged:
+            merged[key] = dataclasses.replace(g, layers=merged[key].layers + g.layers)
         else:
-            merged[key if group.layers else (*key, len(merged))] = group
+            merged[key if g.layers else (*key, len(merged))] = g
     return list(merged.values())

@@ -5,16 +5,10 @@ Counts are sums over the weight tensors of :func:`kvlib.weights.layouts.weight_g
 whose layout kvlib does not know gets no count: :func:`count_params` reports
 ``None`` with the reason, and :func:`param_count` raises it.
 
-Weight bytes come two ways:
-
-- at a precision you choose: ``weight_bytes(cfg, "int4", group_size=128)`` is
-  ``P x bits / 8`` plus one scale per ``group_size`` weights when a group size
-  is given (2 bytes a parameter at bf16, 0.5 at int4);
-- as the checkpoint ships (``weight_dtype=None``): ``quantization_config``
-  first, then ``torch_dtype``. DeepSeek-V3's fp8 linear layers carry one fp32
-  scale per 128 x 128 block; gpt-oss's MXFP4 experts pack two 4-bit values a
-  byte with one 8-bit scale per 32 values; everything a format leaves alone
-  ships in ``torch_dtype``.
+Weight bytes come at a precision you choose (``P x bits / 8``, plus one scale
+per ``group_size`` weights when a group size is given), or as the checkpoint
+ships (``weight_dtype=None``): ``quantization_config`` first (the formats of
+:mod:`kvlib.weights.quantized`), then ``torch_dtype``.
 """
 
 from __future__ import annotations
@@ -91,8 +85,6 @@ def weight_bytes(
     """Bytes of the weights: ``P x bits / 8`` (+ ``ceil(P / group_size)`` scales).
 
     ``weight_dtype=None`` sizes the checkpoint as it ships (:func:`shipped_weights`).
-    An 8B model: 16 GB at bf16, about 4 GB at 4 bits, and 4 GB + 125 MB with an
-    fp16 scale per 128 weights.
     """
     if weight_dtype is None and group_size is not None:
         raise ValueError("group_size applies to a chosen weight_dtype, not to as-shipped")
@@ -111,12 +103,8 @@ def _as_shipped(cfg: ModelConfig, groups: Sequence[WeightGroup]) -> ShippedWeigh
 
 
 def shipped_weights(cfg: ModelConfig) -> ShippedWeights:
-    """Bytes of the weights as shipped: ``quantization_config`` first, then ``torch_dtype``.
-
-    Tensors a format does not quantize (embeddings, norms, routers, and the
-    modules listed in ``modules_to_not_convert``) are counted in ``torch_dtype``
-    (bf16 when the file gives none).
-    """
+    """Bytes of the weights as shipped: ``quantization_config`` first, then ``torch_dtype``
+    (bf16 when the file gives none) for the tensors the format leaves alone."""
     try:
         groups = weight_groups(cfg)
     except UnknownLayout as err:

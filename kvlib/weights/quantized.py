@@ -57,6 +57,7 @@ def _skipped(module: str, patterns: Sequence[str]) -> bool:
 
 
 def _quantizes(group: WeightGroup, q: QuantizationConfig) -> bool:
+    """mxfp4 quantizes the experts only; the others every linear layer (not the LM head)."""
     if q.method == "mxfp4":
         return group.role == "expert"
     return group.role in ("linear", "expert")
@@ -92,15 +93,12 @@ def shipped_bytes(
     total = 0
     for group in groups:
         for name in group.module_names():
-            copies = group.copies_per_layer
             if _quantizes(group, q) and not _skipped(name, q.modules_to_not_convert):
-                if q.method in ("gptq", "awq") and group.role == "lm_head":
-                    total += copies * bytes_for(group.elements, base_dtype)
-                    continue
                 out, inp = group.shape
-                total += copies * _matrix_bytes(out, inp, q)
+                each = _matrix_bytes(out, inp, q)
             else:
-                total += copies * bytes_for(group.elements, base_dtype)
+                each = bytes_for(group.elements, base_dtype)
+            total += group.copies_per_layer * each
     return ShippedWeights(total, _label(q))
 
 

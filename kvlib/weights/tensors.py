@@ -2,9 +2,7 @@
 
 A tensor is ``(module, shape, role)``; a layer tensor also carries how many
 copies a layer stores and how many one token uses (experts). Shapes of linear
-weights are ``(out_features, in_features)``. :class:`LayerTensors` holds what
-a family's builder returns: the tensors outside the decoder layers
-(embeddings, final norm, LM head) and a function giving layer ``i``'s tensors.
+weights are ``(out_features, in_features)``.
 
 The shared blocks follow transformers 5.23's modules: ``nn.Linear``, RMSNorm
 and LayerNorm, the embeddings and LM head around the layers, the gated MLP and
@@ -44,7 +42,8 @@ LAYER = "model.layers.{layer}"
 
 @dataclass(frozen=True)
 class LayerTensors:
-    """The tensors outside the layers, and those of layer ``i``."""
+    """What a family's builder returns: the tensors outside the decoder layers
+    (embeddings, final norm, LM head), and a function giving layer ``i``'s."""
 
     outside: list[Tensor]
     per_layer: Callable[[int], list[LayerTensor]]

@@ -265,6 +265,19 @@ def test_malformed_configs_raise_only_config_error(
     assert (shipped.bytes is None) == bool(shipped.note)
 
 
+@pytest.mark.parametrize(
+    ("model", "field"), [("Llama-3.1-8B", "num_hidden_layers"), ("GPT-2", "n_layer")]
+)
+def test_a_corrupt_layer_count_is_refused_by_name_before_any_per_layer_list(
+    model: str, field: str
+) -> None:
+    config = json.loads((ROOT / "kvlib" / "data" / "configs" / f"{model}.json").read_text())
+    assert field in config
+    with pytest.raises(ConfigError, match=f"field '{field}' is 11,821,341,256: more than 10,000"):
+        load_config({**config, field: 11_821_341_256.0})
+    assert len(load_config({**config, field: 10_000}).layer_kinds) == 10_000
+
+
 @pytest.mark.reference
 def test_bundled_transformers_defaults_are_current() -> None:
     script = ROOT / "scripts" / "gen_config_defaults.py"

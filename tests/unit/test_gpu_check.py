@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 import torch
 
-from kvlib.timing import records
+from course import gpu_runs as records
 from kvlib.units import MiB
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -400,3 +400,14 @@ def test_a_salted_prompt_shares_nothing_with_the_same_prompt_unsalted() -> None:
     # Blocks filled later (by appended tokens) keep the salt out of their own keys.
     cache.append_tokens("salted", list(range(70, 80)))
     assert cache.add_sequence("longer", prompt + list(range(70, 81)), cache_salt="tenant-1") == 80
+
+
+@pytest.mark.parametrize("salt", ["", 7])
+def test_a_bad_salt_on_a_prompt_shorter_than_a_block_is_refused_before_anything_changes(
+    salt: object,
+) -> None:
+    cache = PagedKVCache(num_blocks=8, block_size=16)
+    free = cache.pool.num_free_blocks
+    with pytest.raises(ValueError, match="cache_salt must be a non-empty string or None"):
+        cache.add_sequence("short", [1, 2, 3], cache_salt=salt)  # type: ignore[arg-type]
+    assert cache.pool.num_free_blocks == free and cache.add_sequence("short", [1, 2, 3]) == 0

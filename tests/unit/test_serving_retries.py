@@ -71,5 +71,10 @@ def test_whole_second_retry_after_synchronises_and_jitter_spreads() -> None:
 def test_bad_policies_are_refused() -> None:
     with pytest.raises(ValueError, match="kind must be"):
         RetryPolicy("immediately")
-    with pytest.raises(ValueError, match="refuse_share must be a share"):
+    closed = r"^refuse_share must be a share, 0 <= refuse_share <= 1, got 1\.5$"
+    with pytest.raises(ValueError, match=closed):
         served_share(1.5, 1)
+    # Every attempt refused would mean infinitely many attempts: the bound is open at 1.
+    top_open = r"^refuse_share must be a share, 0 <= refuse_share < 1, got 1\.0$"
+    with pytest.raises(ValueError, match=top_open):
+        attempts_per_request(1.0, None)

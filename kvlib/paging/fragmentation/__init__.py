@@ -12,20 +12,16 @@ PagedAttention", SOSP 2023, section 3 and Figure 2). Policies:
   reserves 32 positions");
 - ``"oracle"``: exactly prompt + output, known in advance (Orca (Oracle));
 - ``"paged"``: blocks of ``block_size`` slots taken one at a time as tokens
-  arrive; when a running request needs a block and none is free, the most
-  recently admitted request is preempted and later recomputed, and no
-  request is admitted in that step (vLLM's ``Scheduler.schedule`` in
-  ``vllm/v1/core/sched/scheduler.py``, read at commit ``00024d314514``).
+  arrive, the last admitted request preempted when none is free (vLLM's
+  ``Scheduler.schedule`` in ``vllm/v1/core/sched/scheduler.py``, read at commit
+  ``00024d314514``; :func:`~kvlib.paging.fragmentation.paged.simulate_paged`).
 
 Reservations are contiguous and placed first fit in one address space, so
 freed holes too small for the next request are external fragmentation. A
 request holds ``prompt + k`` token states during its ``k``-th step (the slot
 of the token that step produces counts as filled). Shares are time averages
 over the steps in which requests are waiting (the memory-bound regime),
-split the way the paper's Figure 3 splits memory: token states, slots
-reserved for tokens still to come, internal fragmentation (over-reservation
-past the final length, or the empty end of a last block), and external
-fragmentation (memory no request holds).
+split the way the paper's Figure 3 splits memory (:class:`MemoryShares`).
 """
 
 from __future__ import annotations

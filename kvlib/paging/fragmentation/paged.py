@@ -18,11 +18,6 @@ class _Running:
     tokens: int  # token states it holds: its prompt and its output so far
     blocks: int  # whole blocks holding them: cdiv(tokens, B)
 
-    @property
-    def produced(self) -> int:
-        """Output tokens so far (a preempted request recomputes them with its prompt)."""
-        return self.tokens - self.request.prompt_tokens
-
 
 def simulate_paged(
     requests: list[RequestLengths],
@@ -47,7 +42,8 @@ def simulate_paged(
     same counts (the tests run both); counting blocks keeps a 10,000-request run fast.
     """
     free = capacity_tokens // block_size
-    waiting = deque((r, 0) for r in requests)  # (request, output tokens it had produced)
+    # (request, token states to recompute: its prompt and the output it had produced)
+    waiting = deque((r, r.prompt_tokens) for r in requests)
     running: list[_Running] = []  # in admission order: the last is preempted first
     totals = ShareTotals(capacity_tokens)
     points: list[tuple[int, int, int, int]] = []
@@ -64,7 +60,7 @@ def simulate_paged(
                 if free == 0:
                     victim = running.pop()  # not grown yet in this step: i is at or before it
                     free += victim.blocks
-                    waiting.appendleft((victim.request, victim.produced))
+                    waiting.appendleft((victim.request, victim.tokens))
                     recomputed += victim.tokens
                     preempted_at.append(step)
                     preempted = True
@@ -74,13 +70,13 @@ def simulate_paged(
             seq.tokens += 1
             i += 1
         while waiting and not preempted and len(running) < max_num_seqs:
-            request, produced = waiting[0]
-            tokens = request.prompt_tokens + produced + 1
-            if cdiv(tokens, block_size) > free:
+            request, tokens = waiting[0]
+            blocks = cdiv(tokens + 1, block_size)  # its prefill produces one output token
+            if blocks > free:
                 break
             waiting.popleft()
-            running.append(_Running(request, tokens, cdiv(tokens, block_size)))
-            free -= cdiv(tokens, block_size)
+            running.append(_Running(request, tokens + 1, blocks))
+            free -= blocks
         held = (capacity_tokens // block_size - free) * block_size
         states = sum(s.tokens for s in running)
         if waiting:  # memory is measured while requests wait for it

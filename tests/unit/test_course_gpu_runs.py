@@ -1,4 +1,4 @@
-"""kvlib.timing.records: a run's JSON read back, partial or whole, and only if a GPU timed it."""
+"""course.gpu_runs: a run's JSON read back, partial or whole, and only if a GPU timed it."""
 
 from __future__ import annotations
 
@@ -8,7 +8,8 @@ from typing import Any
 
 import pytest
 
-from kvlib.timing import TimingResult, records
+from course import gpu_runs as records
+from kvlib.timing import TimingResult
 from kvlib.timing.workloads import Kernel
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -1,4 +1,4 @@
-"""Measurements as JSON: what ``scripts/gpu_check.py`` writes and the book reads back.
+"""The course's GPU runs as JSON: what ``scripts/gpu_check.py`` writes and the book reads back.
 
 One file is one run on one GPU: a preflight, one entry per section of the
 check (ran, failed with the exception and settings, or skipped with the
@@ -18,6 +18,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
+from kvlib.timing import timing_fields
 from kvlib.units import format_flops, format_rate
 
 __all__ = [
@@ -34,7 +35,6 @@ __all__ = [
     "section_rows",
     "summarise",
     "summary_rows",
-    "timing_fields",
 ]
 
 SCHEMA = "kvlib-gpu-check/2"
@@ -117,26 +117,6 @@ class GpuRun:
         return [s for s in self.sections if s.status == status]
 
 
-def timing_fields(workload: Any, result: Any) -> dict[str, Any]:
-    """What every report of a timed ``workload`` carries: the device and clock, the cache
-    state, the repetitions, the time quantiles and the bandwidth (``kvlib bench`` and the
-    GPU check's records share them)."""
-    return {
-        "description": workload.description,
-        "device": result.device,
-        "device_name": result.device_name,
-        "clock": result.clock,
-        "cache": result.cache,
-        "flush_bytes": result.flush_bytes,
-        "reps": result.reps,
-        "median_s": result.median_s,
-        "p20_s": result.quantile_s(0.2),
-        "p80_s": result.quantile_s(0.8),
-        "min_s": result.min_s,
-        "resolution_limited": result.resolution_limited,
-        "bytes_moved": workload.bytes_moved,
-        "bandwidth_bytes_per_s": result.bandwidth_bytes_per_s(workload.bytes_moved),
-    }
 
 
 def measurement_record(
