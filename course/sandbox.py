@@ -276,6 +276,10 @@ class SandboxedKernelManager(AsyncKernelManager):
         if self.watchdog is not None:
             self.watchdog.stop()
         await super()._async_cleanup_resources(restart=restart)
+        if self.sandboxed and not restart:
+            # Now, not when the manager is collected: a grading worker killed later (a Dask
+            # worker stopped by its scheduler) would leave the folder in /tmp.
+            shutil.rmtree(self.runtime_dir, ignore_errors=True)
 
     cleanup_resources = _async_cleanup_resources
 

@@ -169,6 +169,18 @@ def _run_kernel(code: str, limits: dict[str, int], wait_s: float = 20) -> tuple[
     return asyncio.run(main())
 
 
+def test_a_shut_down_kernel_leaves_no_runtime_folder() -> None:
+    async def main() -> tuple[SandboxedKernelManager, str]:
+        km = SandboxedKernelManager(kernel_name="python3", mode="require")
+        await km.start_kernel(cwd=tempfile.mkdtemp())
+        assert os.path.isdir(km.runtime_dir)
+        await km.shutdown_kernel(now=True)
+        return km, km.runtime_dir
+
+    km, folder = asyncio.run(main())  # km is still alive: its finalizer has not run
+    assert km.runtime_dir == folder and not os.path.exists(folder)
+
+
 def test_watchdog_stops_memory_spread_over_processes() -> None:
     """Each child stays under the per-process limit; together they pass the sandbox's."""
     code = (
