@@ -32,8 +32,9 @@ __all__ = ["Heads", "attention_heads", "specs_from_types", "sliding_window"]
 _LAYERS = ("num_hidden_layers", "n_layer", "n_layers", "num_layers")
 _HEADS = ("num_attention_heads", "n_head", "n_heads", "num_heads")
 _HIDDEN = ("hidden_size", "n_embd", "d_model")
-# Far above any published decoder (Llama-3.1-405B has 126 layers): kvlib builds one spec per
-# layer, so a corrupt count must be refused before a list that long is made.
+# Far above any published decoder (Llama 3.1 405B has 126 layers: "The Llama 3 Herd of
+# Models", arXiv:2407.21783, Table 3). kvlib builds one spec per layer, so a corrupt count
+# must be refused before a list that long is made.
 MAX_LAYERS = 10_000
 
 
