@@ -14,9 +14,10 @@ Steps:
    ``_vendor/calculator/kvlib.zip``. Nothing is fetched from a CDN at run time.
    Then build the exercise notebooks into a JupyterLite site (scripts/build_lite.py,
    cached in ``_build/lite/site``), copied to ``lite/`` of the built site after Sphinx.
-3. If the kvlib sources or bundled configs changed since the last build, drop the
-   execution cache and rebuild every page: the cache is keyed on a notebook's
-   code only, and a number printed by the book must never come from an old kvlib.
+3. If the code or data the pages run changed since the last build (kvlib, course,
+   ``book/**/data/``: :func:`code_fingerprint`), drop the execution cache and rebuild
+   every page: the cache is keyed on a notebook's code only, and a number printed by
+   the book must never come from an old kvlib.
 4. Run ``jupyter-book build . --builder html -W -n --keep-going``: any Sphinx
    warning, broken reference or failing cell makes the build fail.
 5. Scan the HTML for remote script, stylesheet or font addresses: the site must
@@ -215,13 +216,17 @@ def warm_matplotlib() -> None:
     subprocess.run([sys.executable, "-c", "import matplotlib.font_manager"], check=True)
 
 
-def kvlib_fingerprint() -> str:
-    """SHA-256 over kvlib's Python sources and bundled configs, and the data files pages
-    read (``book/*/data/``), paths and contents: Sphinx tracks only the pages themselves."""
+def code_fingerprint() -> str:
+    """SHA-256 over what the pages run and read, paths and contents: the Python sources of
+    kvlib and course (pages import both) with kvlib's bundled JSON, every data file under
+    ``book/`` (a chapter's ``data/``, the GPU runs in ``book/data/``) and the GPU check the
+    runs page reads its plan from. Sphinx tracks only the pages themselves."""
     digest = hashlib.sha256()
-    kvlib_dir = ROOT / "kvlib"
-    files = sorted(p for p in kvlib_dir.rglob("*") if p.suffix in {".py", ".json"})
-    files += sorted(p for p in (ROOT / "book").glob("*/data/**/*") if p.is_file())
+    code = (p for name in ("kvlib", "course") for p in (ROOT / name).rglob("*"))
+    files = sorted(p for p in code if p.suffix in {".py", ".json"})
+    files += sorted(p for p in (ROOT / "book").rglob("*")
+                    if p.is_file() and "data" in p.relative_to(ROOT / "book").parts[:-1])
+    files.append(ROOT / "scripts" / "gpu_check.py")
     for path in files:
         digest.update(path.relative_to(ROOT).as_posix().encode())
         digest.update(b"\0")
@@ -229,9 +234,9 @@ def kvlib_fingerprint() -> str:
     return digest.hexdigest()
 
 
-def kvlib_changed(stamp: Path) -> bool:
-    """True when kvlib differs from the one the cached notebook outputs came from."""
-    return not stamp.is_file() or stamp.read_text() != kvlib_fingerprint()
+def code_changed(stamp: Path) -> bool:
+    """True when that code differs from the code the cached notebook outputs came from."""
+    return not stamp.is_file() or stamp.read_text() != code_fingerprint()
 
 
 def remote_assets(html_dir: Path) -> list[str]:
@@ -376,10 +381,10 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(f"build_book: cannot build the exercises' JupyterLite: {exc}") from None
     warm_matplotlib()
     rebuild_all = args.all
-    if kvlib_changed(stamp):
+    if code_changed(stamp):
         jupyter_cache = build_dir / ".jupyter_cache"
         if jupyter_cache.exists():
-            print("build_book: kvlib changed since the last build; re-executing every page")
+            print("build_book: the code the pages run changed; re-executing every page")
             shutil.rmtree(jupyter_cache)
         rebuild_all = True
 
@@ -416,7 +421,7 @@ def main(argv: list[str] | None = None) -> int:
               sep="\n  ", file=sys.stderr)
         return 1
     # Written last: its presence tells callers that _build/html is complete and current.
-    stamp.write_text(kvlib_fingerprint())
+    stamp.write_text(code_fingerprint())
     print(f"build_book: built {html_dir} in {time.perf_counter() - start:.1f} s")
     return 0
 

@@ -27,6 +27,7 @@ from site_helpers import BUILD_DIR, ROOT
 
 sys.path.insert(0, str(ROOT / "scripts"))
 
+from build_book import code_fingerprint  # noqa: E402
 from measure_pages import NOT_ON_SITE_TAG, chapter_docnames, code_cells  # noqa: E402
 
 pytestmark = pytest.mark.notebooks
@@ -43,17 +44,8 @@ def shown_cells(docname: str) -> list[str]:
     return [c.source for c in code_cells(text) if c.shown and NOT_ON_SITE_TAG not in c.tags]
 
 
-def _kvlib_fingerprint() -> str:
-    digest = hashlib.sha256()
-    for path in sorted((ROOT / "kvlib").rglob("*")):
-        if path.suffix in {".py", ".json"}:
-            digest.update(path.relative_to(ROOT).as_posix().encode() + b"\0")
-            digest.update(path.read_bytes())
-    return digest.hexdigest()
-
-
-def _key(cells: list[str], kvlib: str) -> str:
-    return hashlib.sha256(json.dumps([kvlib, cells]).encode()).hexdigest()
+def _key(cells: list[str], code: str) -> str:
+    return hashlib.sha256(json.dumps([code, cells]).encode()).hexdigest()
 
 
 def run_cells(cells: list[str]) -> str:
@@ -89,9 +81,9 @@ def _run_page(cells: list[str]) -> tuple[str, float]:
 @pytest.fixture(scope="module")
 def outcomes() -> dict[str, str]:
     """Each page's error ("" when its shown cells ran); only changed pages are run."""
-    kvlib = _kvlib_fingerprint()
+    code = code_fingerprint()
     cells = {docname: shown_cells(docname) for docname in PAGES}
-    keys = {docname: _key(cells[docname], kvlib) for docname in PAGES}
+    keys = {docname: _key(cells[docname], code) for docname in PAGES}
     passed: set[str] = set()
     if RESULTS.is_file():
         passed = set(json.loads(RESULTS.read_text()).get("passed", []))
