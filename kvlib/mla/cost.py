@@ -198,6 +198,8 @@ class PrefillAttentionFlops:
     ``naive``: decompress every latent, then MHA; ``absorbed_dense``: fold the
     up-projections into every query and output, then MQA over the latent;
     ``absorbed_sparse``: the same, each query reading only its top-k latents;
+    ``naive_sparse``: decompress every latent, then MHA over each query's top-k
+    (fewer FLOPs, but no entry shared by the heads: not what DeepSeek runs);
     ``indexer``: the indexer scoring every earlier token for every query.
     """
 
@@ -206,6 +208,7 @@ class PrefillAttentionFlops:
     naive: int
     absorbed_dense: int
     absorbed_sparse: int
+    naive_sparse: int
     indexer: int
 
     @property
@@ -225,6 +228,7 @@ def prefill_attention_flops(
     - absorbed: ``2 T d_c H (d_n + d_v)`` to fold, ``2 H (2 d_c + d_r)`` a pair;
     - sparse absorbed (DeepSeek-V3.2): the same fold, pairs capped at ``k`` per query,
       so a query costs at most ``2 H k (2 d_c + d_r)`` however long the prompt;
+    - sparse naive: the naive path with the same cap, ``2 H k (d_n + d_r + d_v)``;
     - the indexer: ``2 H_I (d_I + 1)`` a pair, uncapped: ``H_I (d_I + 1) T (T + 1)``.
 
     The V3.2 report runs DSA in MLA's MQA (absorbed) mode for prefill too
@@ -236,14 +240,15 @@ def prefill_attention_flops(
     nope, value = shape.qk_nope_head_dim, shape.v_head_dim
     up = 2 * t * shape.kv_b_params
     pairs = _causal_pairs(t)
-    absorbed_pair = 2 * heads * (2 * rank + rope)
+    absorbed_pair, naive_pair = 2 * heads * (2 * rank + rope), 2 * heads * (nope + rope + value)
     top_k = None if indexer is None else indexer.top_k
     index = 0 if indexer is None else 2 * indexer.num_heads * (indexer.head_dim + 1) * pairs
     return PrefillAttentionFlops(
         prompt_tokens=t,
         top_k=top_k,
-        naive=up + 2 * heads * (nope + rope + value) * pairs,
+        naive=up + naive_pair * pairs,
         absorbed_dense=up + absorbed_pair * pairs,
         absorbed_sparse=up + absorbed_pair * _causal_pairs(t, top_k),
+        naive_sparse=up + naive_pair * _causal_pairs(t, top_k),
         indexer=index,
     )

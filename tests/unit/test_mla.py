@@ -429,6 +429,8 @@ def test_prefill_flops_sum_the_decode_steps_of_a_causal_prompt() -> None:
     assert got.absorbed_dense == fold + sum(c.attention_flops for c in dense)
     naive_pair = 2 * shape.num_heads * (16 + 8 + 16)
     assert got.naive == fold + naive_pair * tokens * (tokens + 1) // 2
+    assert got.naive_sparse == fold + naive_pair * sum(c.selected_tokens for c in per_query)
+    assert prefill_attention_flops(shape, tokens).naive_sparse == got.naive  # no cap
     # The sparse cap: beyond k tokens, each query adds exactly 2 H k (2 d_c + d_r).
     longer = prefill_attention_flops(shape, tokens + 1, indexer)
     cap = 2 * shape.num_heads * indexer.top_k * (2 * 32 + 8)
