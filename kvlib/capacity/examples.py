@@ -7,9 +7,10 @@
   arithmetic could prefill and decode faster than the pool lets it: the memory term of
   the joint bound binds (:attr:`kvlib.capacity.assessment.Capacity.bound_by`).
 - :func:`retrieval_heavy`: the same model and card with 6,000-token prompts and
-  500-token replies. Its pool is just as full, yet each reply costs twelve prompt
-  tokens of prefill, and the compute term binds: the other regime, which the same
-  metrics cannot tell apart from the first (the chapter's signature page shows how to).
+  500-token replies. Its pool is just as full, yet each generated token comes with
+  twelve prompt tokens of prefill (6,000 / 500), and the compute term binds: the other
+  regime, which the same metrics cannot tell apart from the first (the chapter's
+  signature page shows how to).
 
 Each comes with the model a "fewer bytes per token" remedy would switch to.
 """
