@@ -79,11 +79,11 @@ grading-deps:
 # sandbox), Redis (rate limiter) and PostgreSQL (gradebook), and npm (the site's Pyodide).
 # Installed once, when missing.
 SYSTEM_PACKAGES := chromium:chromium bwrap:bubblewrap redis-server:redis-server \
-	/usr/lib/postgresql/15/bin/initdb:postgresql npm:npm
+	/usr/lib/postgresql/*/bin/initdb:postgresql npm:npm
 system-deps:
 	@missing=""; for pair in $(SYSTEM_PACKAGES); do \
 	  cmd=$${pair%%:*}; pkg=$${pair#*:}; \
-	  command -v $$cmd >/dev/null 2>&1 || test -x $$cmd || missing="$$missing $$pkg"; \
+	  command -v $$cmd >/dev/null 2>&1 || ls $$cmd >/dev/null 2>&1 || missing="$$missing $$pkg"; \
 	done; \
 	if [ -n "$$missing" ]; then \
 	  echo "installing Debian packages:$$missing"; \

@@ -1,4 +1,4 @@
-"""A throwaway PostgreSQL server for tests: Debian's PostgreSQL 15, on loopback, in a temp dir.
+"""A throwaway PostgreSQL server for tests: Debian's PostgreSQL, on loopback, in a temp dir.
 
 ``postgres_server()`` runs ``initdb`` and ``pg_ctl start`` under a fresh
 folder, listening on 127.0.0.1 at a free port with a Unix socket in that
@@ -22,11 +22,20 @@ from pathlib import Path
 
 __all__ = ["PG_BIN", "postgres_available", "postgres_server"]
 
-PG_BIN = Path(os.environ.get("KVLIB_PG_BIN", "/usr/lib/postgresql/15/bin"))
+
+def _newest_server_bin() -> Path:
+    """The newest major version's programs: Debian installs each under its own number
+    (15 on bookworm, 17 on trixie)."""
+    found = [p.parent for p in Path("/usr/lib/postgresql").glob("*/bin/initdb")]
+    digits = [p for p in found if p.parent.name.isdigit()]
+    return max(digits, key=lambda p: int(p.parent.name), default=Path("/usr/lib/postgresql/15/bin"))
+
+
+PG_BIN = Path(os.environ.get("KVLIB_PG_BIN") or _newest_server_bin())
 
 
 def postgres_available() -> bool:
-    """Whether Debian's PostgreSQL 15 server programs are installed (``make test`` installs)."""
+    """Whether Debian's PostgreSQL server programs are installed (``make test`` installs)."""
     return all((PG_BIN / tool).is_file() for tool in ("initdb", "pg_ctl", "postgres"))
 
 

@@ -42,6 +42,7 @@ class SizeReport:
     sliding_window_tokens: int | None
     num_key_value_heads: int
     head_dim: int
+    latent_dims: tuple[int, int] | None  # MLA: (kv_lora_rank, qk_rope_head_dim) cached a layer
     context_tokens: int
     batch: int
     kv_dtype: str
@@ -104,8 +105,9 @@ def register(commands: Any) -> None:
         type=float,
         default=VLLM_GPU_MEMORY_UTILIZATION,
         help=(
-            "fraction of the GPU's memory for weights and cache, as vLLM's default "
-            f"({VLLM_GPU_MEMORY_UTILIZATION}); vLLM multiplies it by CUDA's total, "
+            "fraction of the GPU's memory the engine may use (weights, activations and "
+            f"cache), as vLLM's default ({VLLM_GPU_MEMORY_UTILIZATION}); vLLM multiplies "
+            "it by CUDA's total, "
             "the driver's where no CUDA reading is recorded"
         ),
     )
@@ -208,7 +210,7 @@ def size_report(args: argparse.Namespace) -> SizeReport:
     seats = None if free_kv is None else sizing.seats(free_kv, per_gpu_kv)
     step_bytes = speed = min_gpus = None
     if gpu is not None and weights is not None:
-        if fits:
+        if fits and seats is not None and seats >= args.batch:  # a step that can run
             step_bytes = bounds.decode_bytes_per_gpu(
                 cfg, args.batch, args.context, kv_dtype, weight_dtype, tp
             )
@@ -224,6 +226,7 @@ def size_report(args: argparse.Namespace) -> SizeReport:
         sliding_window_tokens=cfg.sliding_window,
         num_key_value_heads=cfg.num_key_value_heads,
         head_dim=cfg.head_dim,
+        latent_dims=None if cfg.mla is None else (cfg.mla.kv_lora_rank, cfg.mla.qk_rope_head_dim),
         context_tokens=args.context,
         batch=args.batch,
         kv_dtype=kv_dtype,
@@ -285,6 +288,19 @@ def _pool(
         return _Pool(page, per_sequence)
     pool = vllm_pool.kv_pool(cfg, free, max_model_len=args.context, block_size=args.block_size,
                           kv_dtype=kv_dtype, tp=args.tp)
+    # vLLM checks both before it logs the pool (check_enough_kv_cache_memory in
+    # vllm/v1/core/kv_cache_utils.py), and refuses to start.
+    if free <= 0:
+        notes.append("vLLM would not start: 'No available memory for the cache blocks'")
+        return _Pool(page, per_sequence)
+    if free < pool.min_kv_memory_bytes:
+        notes.append(
+            f"vLLM would not start: one request of max_model_len = --context needs "
+            f"{format_bytes(pool.min_kv_memory_bytes)} of cache, more than the "
+            f"{format_bytes(free)} left (its 'To serve at least one request' error); lower "
+            f"--context or raise --tp"
+        )
+        return _Pool(page, per_sequence)
     notes.append(
         f"pool as vLLM logs it: '{pool.startup_lines[0]}', '{pool.startup_lines[1]}' "
         f"(max_model_len = --context, max_num_batched_tokens = "
@@ -333,7 +349,10 @@ def _model_rows(r: SizeReport) -> list[tuple[str, str]]:
     return [
         ("model", f"{r.model} ({r.attention})"),
         ("layers", layers),
-        ("KV heads x head dim", f"{r.num_key_value_heads} x {r.head_dim}"),
+        # An MLA layer caches one latent and one rotary key, not heads of keys and values.
+        ("KV heads x head dim", f"{r.num_key_value_heads} x {r.head_dim}")
+        if r.latent_dims is None
+        else ("latent + rope key", f"{r.latent_dims[0]} + {r.latent_dims[1]} a layer"),
         (f"KV per token ({r.kv_dtype})", _bytes(r.kv_bytes_per_token, exact=True)),
         (f"KV for {r.context_tokens:,} tokens", _bytes(r.kv_bytes, exact=True)),
         (f"KV for batch of {r.batch}", _bytes(r.kv_bytes_batch)),

@@ -1,4 +1,4 @@
-"""The gradebook on PostgreSQL: ``make grade`` against a real server (Debian's PostgreSQL 15).
+"""The gradebook on PostgreSQL: ``make grade`` against a real server (Debian's PostgreSQL).
 
 A throwaway server on loopback (``postgres_support``) holds the gradebook of a
 small class; several workers write to it at once. The scores, flags and
@@ -38,7 +38,7 @@ pytestmark = pytest.mark.notebooks
 
 def _grade_class(folder: Path) -> dict[str, Any]:
     """Grade a class into a fresh server; read back, while it runs, what the tests check."""
-    assert postgres_available(), "install Debian's PostgreSQL 15: apt-get install postgresql"
+    assert postgres_available(), "install Debian's PostgreSQL: apt-get install postgresql"
     with postgres_server() as url:
         course = make_course(folder, ROOT, [ASSIGNMENT], db_url=url)
         release = ROOT / "exercises" / ASSIGNMENT / f"{NOTEBOOK}.ipynb"

@@ -81,9 +81,55 @@ def test_kv_memory_reproduces_the_worked_example(
 
 
 def test_weights_that_do_not_fit(capsys: pytest.CaptureFixture[str]) -> None:
+    """vLLM refuses to start ('No available memory for the cache blocks',
+    check_enough_kv_cache_memory): no pool is logged, so none is reported."""
     report = run_json(capsys, "Llama-3.1-70B", "--gpu", "L4")
     assert report["fits"] is False and report["seats"] == 0
     assert report["decode_tokens_per_s_bound"] is None
+    assert report["pool_blocks"] is None and report["max_concurrency"] is None
+    assert report["page_bytes"] is not None  # the page itself does not depend on memory
+    assert not any("GPU KV cache size" in note for note in report["notes"])
+    assert any("No available memory for the cache blocks" in note for note in report["notes"])
+
+
+def test_a_pool_smaller_than_one_request_is_refused_as_vllm_refuses_it(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """vLLM starts only if one request of max_model_len fits: ``cdiv(T, B)`` pages of
+    ``2 L H_kv d b B`` bytes no more than the KV memory (check_enough_kv_cache_memory).
+    Llama-3.1-8B on an L4: the longest context that fits is the last whole block."""
+    first = run_json(capsys, "Llama-3.1-8B", "--gpu", "L4", "--context", "1024")
+    page = 32 * 2 * 8 * 128 * 2 * 16  # bytes of one 16-token block, every layer
+    longest = first["free_kv_bytes_per_gpu"] // page * 16
+    fits = run_json(capsys, "Llama-3.1-8B", "--gpu", "L4", "--context", str(longest))
+    assert fits["max_concurrency"] >= 1 and fits["pool_blocks"] == longest // 16
+    assert any("GPU KV cache size" in note for note in fits["notes"])
+    over = run_json(capsys, "Llama-3.1-8B", "--gpu", "L4", "--context", str(longest + 1))
+    assert over["pool_blocks"] is None and over["max_concurrency"] is None
+    assert any("vLLM would not start" in note and "To serve at least one request" in note
+               for note in over["notes"])
+    # Where not one sequence fits, even counted to the byte, no decode step runs: no bound.
+    long = run_json(capsys, "Llama-3.1-8B", "--gpu", "L4", "--context", str(8 * longest))
+    assert long["seats"] == 0 and long["decode_tokens_per_s_bound"] is None
+    assert fits["decode_tokens_per_s_bound"] is not None
+
+
+@pytest.mark.parametrize("name", ["DeepSeek-V2", "DeepSeek-V3"])
+def test_an_mla_model_shows_its_latent_not_heads(
+    name: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An MLA layer caches ``kv_lora_rank + qk_rope_head_dim`` elements, read from the file."""
+    configs = Path(__file__).parents[2] / "kvlib" / "data" / "configs"
+    raw = json.loads((configs / f"{name}.json").read_text())
+    report = run_json(capsys, name)
+    assert report["latent_dims"] == [raw["kv_lora_rank"], raw["qk_rope_head_dim"]]
+    width = raw["kv_lora_rank"] + raw["qk_rope_head_dim"]
+    assert report["kv_bytes_per_token"] == raw["num_hidden_layers"] * width * 2
+    assert main(["size", name]) == 0
+    table = capsys.readouterr().out
+    latent = f"{raw['kv_lora_rank']} + {raw['qk_rope_head_dim']} a layer"
+    assert latent in table and "KV heads x head dim" not in table
+    assert run_json(capsys, "Llama-3.1-8B")["latent_dims"] is None
 
 
 def test_unknown_parameter_layout_is_null_with_a_reason(
