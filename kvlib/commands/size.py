@@ -278,6 +278,12 @@ def _pool(
     cfg: ModelConfig, args: argparse.Namespace, kv_dtype: str, free: int | None, notes: list[str]
 ) -> _Pool:
     """vLLM's KV pool on one GPU (:mod:`kvlib.paging.vllm_pool`), with max_model_len = --context."""
+    if cfg.mla is not None and args.block_size % 64:
+        # CudaPlatform.check_and_update_config in vllm/platforms/cuda.py.
+        notes.append(
+            f"vLLM's MLA kernels do not run {args.block_size}-token blocks: FlashMLA (Hopper) "
+            "forces 64, CUTLASS MLA (Blackwell) 128; pass --block-size 64 to match a Hopper log"
+        )
     try:
         page = vllm_pool.unified_page_bytes(cfg, args.block_size, kv_dtype, args.tp)
         per_sequence = vllm_pool.blocks_per_sequence(cfg, args.context, args.block_size, kv_dtype)

@@ -130,6 +130,10 @@ def test_an_mla_model_shows_its_latent_not_heads(
     latent = f"{raw['kv_lora_rank']} + {raw['qk_rope_head_dim']} a layer"
     assert latent in table and "KV heads x head dim" not in table
     assert run_json(capsys, "Llama-3.1-8B")["latent_dims"] is None
+    # vLLM forces 64-token blocks for FlashMLA (vllm/platforms/cuda.py); 16 is not what it logs.
+    assert any("--block-size 64" in note for note in report["notes"])
+    at_64 = run_json(capsys, name, "--block-size", "64")
+    assert not any("MLA kernels" in note for note in at_64["notes"])
 
 
 def test_unknown_parameter_layout_is_null_with_a_reason(
