@@ -205,7 +205,8 @@ def cascade_attention_applies(
     (grouped queries, every request decoding one token), in which case a wave count
     decides: cascade runs ``H x cdiv(n, 128)`` CTAs over ``cdiv(prefix, 128)`` tiles,
     FlashDecoding ``n x H_kv x cdiv(H / H_kv, 128) x tiles`` CTAs, each over ``num_sms``;
-    the fewer waves wins. The flag ``disable_cascade_attn`` (off by default) turns it off.
+    the fewer waves wins. The heuristic runs only where ``disable_cascade_attn`` is False:
+    True by default since vLLM PR #36318 (March 2026), so a deployment opts in.
     """
     require_int(common_prefix_tokens, "common_prefix_tokens")
     require_int(num_requests, "num_requests")
