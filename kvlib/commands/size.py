@@ -294,18 +294,8 @@ def _pool(
         return _Pool(page, per_sequence)
     pool = vllm_pool.kv_pool(cfg, free, max_model_len=args.context, block_size=args.block_size,
                           kv_dtype=kv_dtype, tp=args.tp)
-    # vLLM checks both before it logs the pool (check_enough_kv_cache_memory in
-    # vllm/v1/core/kv_cache_utils.py), and refuses to start.
-    if free <= 0:
-        notes.append("vLLM would not start: 'No available memory for the cache blocks'")
-        return _Pool(page, per_sequence)
-    if free < pool.min_kv_memory_bytes:
-        notes.append(
-            f"vLLM would not start: one request of max_model_len = --context needs "
-            f"{format_bytes(pool.min_kv_memory_bytes)} of cache, more than the "
-            f"{format_bytes(free)} left (its 'To serve at least one request' error); lower "
-            f"--context or raise --tp"
-        )
+    if pool.refusal:  # vLLM never logs a pool it refuses to start with
+        notes.append(f"vLLM would not start: {pool.refusal}")
         return _Pool(page, per_sequence)
     notes.append(
         f"pool as vLLM logs it: '{pool.startup_lines[0]}', '{pool.startup_lines[1]}' "

@@ -44,6 +44,7 @@ from kvlib._validate import cdiv, require_int
 from kvlib.config import ModelConfig
 from kvlib.hardware import VLLM_GPU_MEMORY_UTILIZATION, GPUSpec, vllm_budget_bytes
 from kvlib.specs import CacheSpec, vllm_group_spec
+from kvlib.units import format_bytes
 
 __all__ = [
     "DEFAULT_BLOCK_SIZE",
@@ -181,6 +182,25 @@ class KVPool:
     def min_kv_memory_bytes(self) -> int:
         """Least memory vLLM accepts: one request of ``max_model_len`` must fit."""
         return self.blocks_per_request * self.page_bytes
+
+    @property
+    def refusal(self) -> str | None:
+        """Why vLLM would refuse to start on this memory, or None.
+
+        Before it logs the pool, ``check_enough_kv_cache_memory``
+        (``vllm/v1/core/kv_cache_utils.py``) requires memory left after the profile and
+        room for one request of ``max_model_len``: :attr:`min_kv_memory_bytes`.
+        """
+        if self.kv_memory_bytes <= 0:
+            return "No available memory for the cache blocks"
+        if self.kv_memory_bytes < self.min_kv_memory_bytes:
+            return (
+                f"one request of max_model_len = {self.max_model_len:,} tokens needs "
+                f"{format_bytes(self.min_kv_memory_bytes)} of cache, more than the "
+                f"{format_bytes(self.kv_memory_bytes)} available ('To serve at least one "
+                "request' error)"
+            )
+        return None
 
     @property
     def startup_lines(self) -> tuple[str, str]:

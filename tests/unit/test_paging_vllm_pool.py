@@ -184,6 +184,18 @@ def test_a_hybrid_model_pages_sliding_and_full_layers_in_separate_groups() -> No
     assert blocks_per_sequence(cfg, 100, max_num_batched_tokens=batched) == 7 + 8
 
 
+def test_vllm_refuses_no_memory_and_less_than_one_request() -> None:
+    """check_enough_kv_cache_memory: memory left, and one max_model_len request in it."""
+    cfg = load_config("Llama-3.1-8B")
+    need = cdiv(8192, 16) * vllm_attention_page(16, 8, 128, "bf16") * 32
+    assert kv_pool(cfg, need, max_model_len=8192).refusal is None
+    short = kv_pool(cfg, need - 1, max_model_len=8192).refusal
+    assert short is not None and "To serve at least one request" in short
+    assert kv_pool(cfg, 0, max_model_len=8192).refusal == (
+        "No available memory for the cache blocks"
+    )
+
+
 def test_the_sliding_budget_straddles_a_block_boundary() -> None:
     group = KVCacheGroup("sliding", 4, 4, 1, 1)
     # Window 4 with 1 token per step: 4 tokens may spread over [XXCD][EF], 2 blocks.
