@@ -41,16 +41,18 @@ release: $(STAMP)
 	$(PY) scripts/release.py
 
 ## grade ASSIGNMENT=NN_slug: autograde submitted/*/NN_slug/ on every core, feedback, grades.csv
-## (FORCE=1 regrades submissions already graded; JOBS=n sets the worker processes)
+## (FORCE=1 regrades submissions already graded; JOBS=n sets the worker processes; WAIT=1
+## waits for a make grade already running on the course instead of refusing at once;
+## STUDENT=id grades that student only, e.g. with FORCE=1 to regrade one student)
 .PHONY: grade
 grade: $(STAMP) grading-deps
 	@test -n "$(ASSIGNMENT)" || { echo "usage: make grade ASSIGNMENT=01_kv_cache"; exit 2; }
-	$(PY) -m course.batch "$(ASSIGNMENT)" $(if $(FORCE),--force) $(if $(JOBS),--jobs $(JOBS)) $(if $(SCHEDULER),--scheduler $(SCHEDULER))
+	$(PY) -m course.batch "$(ASSIGNMENT)" $(if $(FORCE),--force) $(if $(JOBS),--jobs $(JOBS)) $(if $(SCHEDULER),--scheduler $(SCHEDULER)) $(if $(WAIT),--wait) $(if $(STUDENT),--student $(STUDENT))
 
 ## check NB=exercises/NN_slug/name.ipynb: self-grade one notebook
 check: $(STAMP)
 	@test -n "$(NB)" || { echo "usage: make check NB=exercises/01_kv_cache/<notebook>.ipynb"; exit 2; }
-	$(PY) -m kvlib grade "$(NB)"
+	$(PY) -m course.grade_command "$(NB)"
 
 ## lab: JupyterLab on the exercises, offline (no news, update or extension-index requests)
 lab: $(STAMP)

@@ -14,6 +14,9 @@ the saved notebook the way the instructor's batch does.
 - :mod:`course.flags`: what grading repaired or stopped, in the feedback and ``grades.csv``;
 - :mod:`course.scratch`: throwaway nbgrader course folders driven through nbgrader's CLI;
 - :mod:`course.batch`: ``make grade``, a class on every core;
+- :mod:`course.runlock`: one ``make grade`` per course at a time (a file lock, and a
+  PostgreSQL advisory lock for a shared gradebook);
+- :mod:`course.records`: grading a stopped run left half-done, found and undone;
 - :mod:`course.cluster`: ``make grade ... SCHEDULER=``, the kernels on a Dask cluster;
 - :mod:`course.selfcheck`: ``make check`` and the notebook's "Check your work" cell;
 - :mod:`course.tables`: the results tables the book's pages glue (MyST Markdown);

@@ -553,19 +553,21 @@ class Recorder:
 def grade_on_cluster(
     client: Any, root: Path, assignment: str, students: list[str], *, force: bool,
     feedback: bool, api: Any, report: Any, prepare: Any = None,
+    regrade: frozenset[str] = frozenset(),
 ) -> None:
     """Grade ``students`` on the cluster of ``client``; this process writes the course.
 
     ``api`` is nbgrader's API on the course. ``prepare()``, when given, puts the assignment
     in the gradebook: it runs while the workers grade, before the first result is written.
     Each student's outcome goes to ``report(student=, success=, skipped=, seconds=, error=,
-    log=)``.
+    log=)``. Students in ``regrade`` are graded even when up to date.
     """
     # The assignment's notebooks, as generate_assignment puts them in the gradebook.
     notebooks = sorted(p.name for p in (root / "solutions" / assignment).glob("*.ipynb"))
     todo = {}
     for student in students:
-        if not force and up_to_date(api.coursedir, assignment, student, notebooks):
+        if not (force or student in regrade) and up_to_date(api.coursedir, assignment, student,
+                                                            notebooks):
             report(student=student, success=True, skipped=True, seconds=0.0, error="", log="")
             continue
         todo[student] = task_of(root, assignment, student)

@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +30,8 @@ __all__ = [
     "kv_read_bars",
     "load_runs",
     "measurement_record",
+    "measurement_rows",
+    "read_rehearsal",
     "read_run",
     "roofline_points",
     "section_rows",
@@ -102,6 +104,7 @@ class GpuRun:
     skipped: tuple[dict[str, Any], ...]
     preflight: dict[str, Any]
     summary: dict[str, Any]
+    results: dict[str, Any] = field(default_factory=dict)
 
     def named(self, prefix: str) -> list[Measurement]:
         """The measurements whose name starts with ``prefix`` (``"matmul"``, ``"copy"``)."""
@@ -128,8 +131,10 @@ def measurement_record(
         "settings": settings,
         **timing_fields(workload, result),
         "warmup_reps": result.warmup_reps,
+        "flush": result.flush if result.cache == "cold" else None,
         "flops": workload.flops,
         "flops_per_s": result.flops_per_s(workload.flops),
+        "times_s": list(result.times_s),  # every repetition, not only the statistics
     }
 
 
@@ -211,6 +216,7 @@ def read_run(path: Path) -> GpuRun:
         skipped=tuple(doc.get("skipped", ())),
         preflight=dict(doc.get("preflight") or {}),
         summary=dict(doc.get("summary") or {}),
+        results=dict(doc.get("results") or {}),
     )
 
 
@@ -259,6 +265,40 @@ def summary_rows(run: GpuRun) -> list[tuple[str, str]]:
             rows.append((f"KV read / {ref}", f"{ratio:.1%} (goal {goal:.0%}: {verdict})"))
     if isinstance(s.get("paged_over_contiguous"), int | float):
         rows.append(("paged / contiguous KV read", f"{s['paged_over_contiguous']:.1%}"))
+    for name, entry in (s.get("paged_over_contiguous_by_kernel") or {}).items():
+        rows.append((f"{name} / {entry['over']}", f"{entry['ratio']:.1%}"))
+    if s.get("read_reference"):
+        rows.append(("read reference (the faster read)", str(s["read_reference"])))
+    rows.extend(_result_rows(run.results))
+    return rows
+
+
+def _clock(reading: Any) -> str:
+    if not isinstance(reading, dict) or reading.get("sm_mhz") is None:
+        return "not read"
+    return f"SM {reading['sm_mhz']:.0f} MHz, memory {reading.get('mem_mhz') or '?'} MHz"
+
+
+def _result_rows(results: dict[str, Any]) -> list[tuple[str, str]]:
+    """The clocks around the warm-up and the sustained peak, and do_bench's agreement."""
+    rows = []
+    warm = results.get("warmup") or {}
+    if warm:
+        rows.append(("clocks before / after warm-up",
+                     f"{_clock(warm.get('clocks_before'))} / {_clock(warm.get('clocks_after'))}"))
+    peak = results.get("matmul_peak") or {}
+    if peak.get("first_tenth_median_s") and peak.get("last_tenth_median_s"):
+        drift = peak["last_tenth_median_s"] / peak["first_tenth_median_s"]
+        rows.append(("sustained matmul: last tenth / first tenth",
+                     f"{drift:.3f} over {peak.get('sustained_s', 0):.1f} s; clocks "
+                     f"{_clock(peak.get('clocks_before'))} -> {_clock(peak.get('clocks_after'))}"))
+    agreement = results.get("agreement") or {}
+    for workload in ("copy", "kv_read"):
+        entry = agreement.get(workload)
+        if isinstance(entry, dict) and "over_do_bench_read_flush" in entry:
+            rows.append((f"kvlib / do_bench, {workload.replace('_', ' ')}",
+                         f"{entry['over_do_bench_read_flush']:.3f} (read flush), "
+                         f"{entry['over_do_bench_write_flush']:.3f} (write flush, as do_bench)"))
     return rows
 
 
@@ -286,20 +326,26 @@ def summarise(measurements: list[dict[str, Any]], copy_name: str, goal: float) -
     """A run's headline figures from its measurement records (as :func:`measurement_record`).
 
     The KV-read benchmark (best ``kv-read/*`` bandwidth) over the pure read
-    stream ``read`` (like with like: decode attention reads the cache and
-    writes almost nothing) and over the copy ``copy_name``, each against
+    stream (like with like: decode attention reads the cache and writes almost
+    nothing), the faster of ``torch.sum`` (``read``) and the Triton streaming
+    read (``read-triton/*``), and over the copy ``copy_name``, each against
     ``goal``; the best paged KV read (``kv-read-paged/*``) over the best
-    contiguous one; the memory ceiling, the faster of the copy and the read
+    contiguous one, and each paged read over the contiguous read by the same
+    kernel (``kv-read-paged/triton-16`` over ``kv-read/triton``: paging's own
+    cost); the memory ceiling, the faster of the copy and the read
     (memory delivered at least that much); the matmul peak; and their ratio,
     the measured ridge point. A figure whose measurement is missing is None or
     absent, so a partial run summarises what it has.
     """
     by_name = {m["name"]: m for m in measurements}
-    copy, read, peak = by_name.get(copy_name), by_name.get("read"), by_name.get("matmul-peak")
+    copy, peak = by_name.get(copy_name), by_name.get("matmul-peak")
+    reads = [m for m in (by_name.get("read"), _best(measurements, "read-triton/")) if m]
+    read = max(reads, key=lambda m: m["bandwidth_bytes_per_s"]) if reads else None
     best, paged = _best(measurements, KV_READ), _best(measurements, PAGED_KV_READ)
     summary: dict[str, Any] = {
         "copy_bandwidth_bytes_per_s": copy and copy["bandwidth_bytes_per_s"],
         "read_bandwidth_bytes_per_s": read and read["bandwidth_bytes_per_s"],
+        "read_reference": read and read["name"],
         "best_kv_read": best and best["name"],
         "best_kv_read_bandwidth_bytes_per_s": best and best["bandwidth_bytes_per_s"],
         "best_paged_kv_read": paged and paged["name"],
@@ -316,8 +362,56 @@ def summarise(measurements: list[dict[str, Any]], copy_name: str, goal: float) -
         summary["paged_over_contiguous"] = (
             paged["bandwidth_bytes_per_s"] / best["bandwidth_bytes_per_s"]
         )
+    same = {}
+    for m in measurements:
+        if m["name"].startswith(PAGED_KV_READ):
+            impl = m["name"][len(PAGED_KV_READ):].rsplit("-", 1)[0]
+            contiguous = by_name.get(f"{KV_READ}{impl}") or by_name.get(f"{KV_READ}sdpa")
+            if contiguous:
+                same[m["name"]] = {
+                    "over": contiguous["name"],
+                    "ratio": m["bandwidth_bytes_per_s"] / contiguous["bandwidth_bytes_per_s"],
+                }
+    if same:
+        summary["paged_over_contiguous_by_kernel"] = same
     streams = [m["bandwidth_bytes_per_s"] for m in (copy, read) if m]
     if streams and peak:
         summary["memory_ceiling_bytes_per_s"] = max(streams)
         summary["measured_ridge_flops_per_byte"] = peak["flops_per_s"] / max(streams)
     return summary
+
+
+def read_rehearsal(path: Path) -> dict[str, Any]:
+    """A rehearsal's document (the check run on a CPU at tiny sizes), to show its fields;
+    ValueError naming the field if the file is not a rehearsal of this schema."""
+    doc = json.loads(Path(path).read_text())
+    if not isinstance(doc, dict) or doc.get("schema") != SCHEMA:
+        raise ValueError(f"{path}: not a {SCHEMA} file (field 'schema')")
+    if doc.get("rehearsal") is not True:
+        raise ValueError(f"{path}: field 'rehearsal' is {doc.get('rehearsal')!r}: not a "
+                         "rehearsal (a GPU run is read with read_run)")
+    return doc
+
+
+def _check_text(check: Any) -> str:
+    if not isinstance(check, dict):
+        return "not recorded"
+    if not check.get("checked"):
+        return f"none ({check.get('reason', 'no reference')})"
+    return f"matches (largest error {check['max_abs_error']:.2g})"
+
+
+def measurement_rows(doc: dict[str, Any]) -> list[tuple[str, str, str, str, str]]:
+    """(name, bytes moved, repetitions kept, output check, outcome) for every measurement a
+    run's document names: timed (its flush), failed (the exception) or skipped (why)."""
+    rows = []
+    for m in doc.get("measurements", []):
+        kept = len(m.get("times_s") or [])
+        flush = f"cold, flush {m['flush']}s" if m.get("flush") else str(m.get("cache", ""))
+        rows.append((m["name"], f"{m['bytes_moved']:,}", f"{kept} of {m['reps']}",
+                     _check_text(m.get("output_check")), f"timed ({flush})"))
+    for m in doc.get("failed_measurements", []):
+        rows.append((m["name"], "", "", "", f"failed: {m.get('type')}: {m.get('message')}"))
+    for m in doc.get("skipped", []):
+        rows.append((m["name"], "", "", "", f"skipped: {m.get('reason')}"))
+    return rows

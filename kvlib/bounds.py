@@ -8,16 +8,15 @@ bytes and FLOPs into seconds with a card's bandwidth and compute
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
-from kvlib._validate import cdiv, require_fraction, require_int, require_positive
+from kvlib._validate import require_fraction, require_int, require_positive
 from kvlib.config import ModelConfig
 from kvlib.hardware import VLLM_GPU_MEMORY_UTILIZATION, GPUSpec, vllm_budget_bytes
 from kvlib.sizing import kv_bytes_by_layer, max_context_tokens
 from kvlib.specs import CacheSpec
-from kvlib.weights.layouts import weight_groups
-from kvlib.weights.params import expert_weight_bytes, unread_weight_bytes, weight_bytes
+from kvlib.view import expected_experts_touched, model_view
+from kvlib.weights.params import weight_bytes
 
 __all__ = [
     "PrefillFlops",
@@ -34,7 +33,9 @@ __all__ = [
     "prefill_flops",
     "prefill_rule_of_thumb_s",
     "prefill_lower_bound_s",
+    "tp_error",
     "valid_tp_degrees",
+    "weight_bytes_per_gpu",
 ]
 
 
@@ -77,19 +78,6 @@ def decode_tokens_per_s(bytes_read_per_step: int, bandwidth_bytes_per_s: float) 
     return bandwidth_bytes_per_s / bytes_read_per_step
 
 
-def expected_experts_touched(num_experts: int, experts_per_token: int, tokens: int) -> float:
-    """Experts a layer reads for ``tokens`` tokens routed uniformly at random:
-    ``E x (1 - (1 - k / E) ** B)`` (each expert is missed by a token with
-    probability ``1 - k / E``). Uniform routing spreads tokens the most: a skewed
-    router touches fewer distinct experts on average, so this is an upper bound
-    on the expected count of a real router.
-    """
-    require_int(num_experts, "num_experts", 1)
-    require_int(experts_per_token, "experts_per_token", 1)
-    require_int(tokens, "tokens", 1)
-    return num_experts * (1 - (1 - experts_per_token / num_experts) ** tokens)
-
-
 def decode_bytes_per_gpu(
     cfg: ModelConfig,
     batch: int,
@@ -100,21 +88,30 @@ def decode_bytes_per_gpu(
 ) -> int:
     """Bytes one decode step reads on each of ``tp`` GPUs: weights plus ``batch`` caches.
 
-    ``W / tp + B x KV(T) / GPU``: every weight a step multiplies by, once, and each
-    sequence's cache once. Tables a token only looks a row up in (an input embedding
-    not tied to the LM head, position embeddings) and vision towers are not read
-    (:func:`kvlib.weights.params.unread_weight_bytes`). A mixture-of-experts layer reads only
-    the experts its ``B`` tokens are routed to: the expected number under uniform
-    routing (:func:`expected_experts_touched`) of the ``E`` experts' bytes.
+    The one owner of "bytes a decode step reads": ``W_step / GPU + B x KV(T) / GPU``.
+    Every weight a step multiplies by, once, where vLLM places it
+    (:func:`weight_bytes_per_gpu`), and each sequence's cache once. Tables a token only
+    looks a row up in (an input embedding not tied to the LM head, position embeddings)
+    and vision towers are not read (:func:`kvlib.weights.params.unread_weight_bytes`). A
+    mixture-of-experts layer reads only the experts its ``B`` tokens are routed to: the
+    expected number under uniform routing (:func:`expected_experts_touched`) of the
+    ``E`` experts' bytes (:meth:`kvlib.view.ModelView.step_weight_bytes_per_gpu`).
     """
     require_int(batch, "batch", 1)
-    weights = weight_bytes(cfg, weight_dtype) - unread_weight_bytes(cfg, weight_dtype)
-    if cfg.moe is not None:
-        experts = expert_weight_bytes(cfg, weight_dtype)
-        moe = cfg.moe
-        touched = expected_experts_touched(moe.num_experts, moe.experts_per_token, batch)
-        weights = weights - experts + math.ceil(experts * touched / moe.num_experts)
-    return cdiv(weights, tp) + batch * kv_bytes_per_gpu(cfg, context_tokens, kv_dtype, tp)
+    weights = model_view(cfg).step_weight_bytes_per_gpu(batch, tp, weight_dtype)
+    return weights + batch * kv_bytes_per_gpu(cfg, context_tokens, kv_dtype, tp)
+
+
+def weight_bytes_per_gpu(cfg: ModelConfig, tp: int = 1, weight_dtype: str | None = "bf16") -> int:
+    """Weight bytes on each of ``tp`` tensor-parallel GPUs, as vLLM places them.
+
+    Norms, the MoE router, DeepSeek's MLA down-projections (``fused_qkv_a_proj``) and
+    the biases of row-parallel layers are whole on every GPU; the token embedding and
+    LM head are padded to 64 rows and split; everything else is split ``tp`` ways
+    (:meth:`kvlib.view.ModelView.weight_bytes_per_gpu`, with vLLM's source cited there).
+    ``weight_dtype=None`` sizes the checkpoint as shipped.
+    """
+    return model_view(cfg).weight_bytes_per_gpu(tp, weight_dtype)
 
 
 def valid_tp_degrees(cfg: ModelConfig, max_tp: int = 8) -> list[int]:
@@ -123,13 +120,12 @@ def valid_tp_degrees(cfg: ModelConfig, max_tp: int = 8) -> list[int]:
     vLLM requires ``num_attention_heads % tp == 0``; KV heads are split when
     ``num_key_value_heads % tp == 0`` and replicated when ``tp % num_key_value_heads == 0``.
     """
-    require_int(max_tp, "max_tp", 1)
-    kv_heads = {layer.kv_heads for layer in cfg.layers if layer.kv_heads is not None}
-    return [
-        tp
-        for tp in range(1, max_tp + 1)
-        if cfg.num_attention_heads % tp == 0 and all(h % tp == 0 or tp % h == 0 for h in kv_heads)
-    ]
+    return model_view(cfg).tp_degrees(max_tp)
+
+
+def tp_error(cfg: ModelConfig, tp: int) -> str | None:
+    """One line saying why ``tp`` cannot serve ``cfg`` and which degrees can, or None."""
+    return model_view(cfg).tp_error(tp)
 
 
 def kv_bytes_per_gpu(
@@ -141,12 +137,9 @@ def kv_bytes_per_gpu(
     replicated, once ``tp`` exceeds ``H_kv``); an MLA latent has no heads to
     split and is replicated on every GPU (vLLM's MLA backends).
     """
-    if tp not in valid_tp_degrees(cfg, max_tp=tp):
-        raise ValueError(
-            f"tp={tp} does not split the {cfg.num_attention_heads} attention heads and "
-            f"{cfg.num_key_value_heads} KV heads of {cfg.name}: use one of "
-            f"{valid_tp_degrees(cfg, max_tp=max(tp, 8))}"
-        )
+    error = tp_error(cfg, tp)
+    if error:
+        raise ValueError(error)
     by_layer = kv_bytes_by_layer(cfg, context_tokens, kv_dtype)
     shares = [layer.tp_share(tp) for layer in cfg.layers]
     return sum(b * s.numerator // s.denominator for b, s in zip(by_layer, shares, strict=True))
@@ -162,20 +155,21 @@ def min_gpus(
     """Smallest valid tensor-parallel degree whose GPUs hold the weights with room to spare.
 
     Each GPU gives ``ceil(total x utilization)`` (vLLM's ``gpu_memory_utilization``
-    times CUDA's total, :func:`kvlib.hardware.vllm_budget_bytes`); the weights split
-    ``1 / tp`` per GPU and something must be left for the KV cache. None if no valid
-    degree up to ``max_tp`` fits.
+    times CUDA's total, :func:`kvlib.hardware.vllm_budget_bytes`); each holds its
+    :func:`weight_bytes_per_gpu` and something must be left for the KV cache. None if
+    no valid degree up to ``max_tp`` fits.
     """
     require_fraction(gpu_memory_utilization, "gpu_memory_utilization")
     usable = vllm_budget_bytes(gpu, gpu_memory_utilization)
-    weights = weight_bytes(cfg, weight_dtype)
-    lower = math.ceil(weights / usable)
-    fits = (tp for tp in valid_tp_degrees(cfg, max_tp) if tp >= lower and weights / tp < usable)
+    fits = (
+        tp
+        for tp in valid_tp_degrees(cfg, max_tp)
+        if weight_bytes_per_gpu(cfg, tp, weight_dtype) < usable
+    )
     return next(fits, None)
 
 
 # Prefill: the FLOPs of reading a prompt, and the time to first token they bound.
-_MATMUL_ROLES = ("linear", "expert", "router")
 
 
 @dataclass(frozen=True)
@@ -197,14 +191,10 @@ def matmul_params(cfg: ModelConfig) -> tuple[int, int]:
 
     ``body`` is every active linear, expert and router weight (the ``k`` routed
     experts of a MoE layer); ``lm_head`` the output projection (the embedding
-    table when tied). Norms, biases (1-D) and the input lookup do no matmul.
+    table when tied). Norms, biases (1-D) and the input lookup do no matmul, so
+    ``body + lm_head`` is :func:`kvlib.weights.params.active_param_count` less them.
     """
-    text = [g for g in weight_groups(cfg) if g.part == "text"]
-    body = sum(g.active_count for g in text if g.role in _MATMUL_ROLES and len(g.shape) == 2)
-    head = sum(g.count for g in text if g.role == "lm_head")
-    if cfg.tie_word_embeddings:
-        head += (cfg.vocab_size or 0) * cfg.hidden_size
-    return body, head
+    return model_view(cfg).matmul_params
 
 
 def attention_pairs(spec: CacheSpec, prompt_tokens: int) -> int:
@@ -260,7 +250,8 @@ def prefill_lower_bound_s(
     require_positive(flops_per_s, "flops_per_s")
     require_positive(bandwidth_bytes_per_s, "bandwidth_bytes_per_s")
     flops = prefill_flops(cfg, prompt_tokens).total / tp
-    moved = decode_bytes_per_gpu(cfg, prompt_tokens, 0, kv_dtype, weight_dtype, tp)
+    # The weights the prompt's T tokens are routed through, once, and the cache written.
+    moved = model_view(cfg).step_weight_bytes_per_gpu(prompt_tokens, tp, weight_dtype)
     moved += kv_bytes_per_gpu(cfg, prompt_tokens, kv_dtype, tp)
     return max(flops / flops_per_s, moved / bandwidth_bytes_per_s)
 

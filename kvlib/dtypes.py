@@ -7,15 +7,17 @@ from types import MappingProxyType
 
 from kvlib._validate import cdiv
 
-__all__ = ["DTYPE_BITS", "bytes_for", "check_dtype"]
+__all__ = ["DTYPE_BITS", "bytes_for", "canonical_dtype", "check_dtype"]
 
 DTYPE_BITS: Mapping[str, int] = MappingProxyType(
     {"fp32": 32, "fp16": 16, "bf16": 16, "fp8": 8, "int8": 8, "int4": 4}
 )
 
-# Common spellings (torch, vLLM's --kv-cache-dtype) of the same widths.
+# Common spellings (torch, config.json's torch_dtype, vLLM's --kv-cache-dtype) of the
+# same widths: the one alias table.
 _ALIASES = {
     "float32": "fp32",
+    "float": "fp32",
     "float16": "fp16",
     "half": "fp16",
     "bfloat16": "bf16",
@@ -34,6 +36,15 @@ def check_dtype(name: str) -> str:
     if canonical not in DTYPE_BITS:
         raise ValueError(f"unknown dtype {name!r}: use one of {', '.join(DTYPE_BITS)}")
     return str(canonical)
+
+
+def canonical_dtype(name: object) -> str | None:
+    """:func:`check_dtype`'s name for ``name``, or None where it names no dtype kvlib knows
+    (a ``torch_dtype`` of "auto", a missing field)."""
+    if not isinstance(name, str):
+        return None
+    canonical = _ALIASES.get(name, name)
+    return canonical if canonical in DTYPE_BITS else None
 
 
 def bytes_for(elements: int, dtype: str) -> int:

@@ -136,6 +136,10 @@ _NO_READING = "no driver reading recorded: the datasheet's GB, read as decimal"
 _CUDA_H100 = (7_910, "torch.cuda.mem_get_info() on an H100 SXM 80GB: 79.10 GiB, to 0.01 GiB")
 _CUDA_H200 = (13_981, "torch.cuda.mem_get_info() on an H200 SXM 141GB: 139.81 GiB, to 0.01 GiB")
 
+# The H200's datasheet prints no L2; the CUDA runtime reports 60 MiB (an H100 SXM's 50):
+# torch.cuda.get_device_properties on an H200 prints "L2_cache_size=60MB" (MiB), as quoted
+# in ai-bot-pro/achatbot deploy/modal/src/llm/vllm/vlm/skywork_r1v.py (commit 859e2161).
+_L2_H200 = "L2 60 MiB as cudaDeviceProp.l2CacheSize reports it on an H200"
 _A100 = (
     "NVIDIA A100 Tensor Core GPU datasheet (2021), SXM column; L2 from the Ampere GA100 whitepaper"
 )
@@ -171,8 +175,8 @@ GPUS: dict[str, GPUSpec] = {
             4.8,
             989.4,
             1978.9,
-            50,
-            "NVIDIA H200 Tensor Core GPU datasheet (2024), SXM column",
+            60,
+            "NVIDIA H200 Tensor Core GPU datasheet (2024), SXM column; " + _L2_H200,
             _CUDA_H200,
         ),
         _spec(
@@ -181,8 +185,8 @@ GPUS: dict[str, GPUSpec] = {
             4.8,
             835.5,
             1670.5,
-            50,
-            "NVIDIA H200 Tensor Core GPU datasheet (2024), NVL column",
+            60,
+            "NVIDIA H200 Tensor Core GPU datasheet (2024), NVL column; " + _L2_H200,
         ),
         _spec(
             "B200",

@@ -20,7 +20,10 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
-__all__ = ["PG_BIN", "postgres_available", "postgres_server"]
+__all__ = ["PG_BIN", "postgres_available", "postgres_server", "restart"]
+
+# url -> (server account, data folder, server options, log file) of each running server
+_RUNNING: dict[str, tuple[str | None, Path, str, Path]] = {}
 
 
 def _newest_server_bin() -> Path:
@@ -81,9 +84,20 @@ def postgres_server(database: str = "course") -> Iterator[str]:
         try:
             _run(user, [str(PG_BIN / "createdb"), "-h", "127.0.0.1", "-p", str(port),
                         "-U", "grader", database])
-            yield f"postgresql://grader@127.0.0.1:{port}/{database}"
+            url = f"postgresql://grader@127.0.0.1:{port}/{database}"
+            _RUNNING[url] = (user, data, options, folder / "log")
+            yield url
         finally:
+            _RUNNING.pop(f"postgresql://grader@127.0.0.1:{port}/{database}", None)
             _run(user, [str(PG_BIN / "pg_ctl"), "-D", str(data), "-m", "immediate", "-w",
                         "stop"])
     finally:
         shutil.rmtree(folder, ignore_errors=True)
+
+
+def restart(url: str) -> None:
+    """Restart the server of ``url`` (started by :func:`postgres_server`), cutting every
+    connection; returns once it accepts connections again."""
+    user, data, options, log = _RUNNING[url]
+    _run(user, [str(PG_BIN / "pg_ctl"), "-D", str(data), "-o", options, "-l", str(log),
+                "-m", "fast", "-w", "-t", "60", "restart"])

@@ -2,7 +2,8 @@
 
 :func:`assess` turns a :class:`~kvlib.capacity.scenario.Scenario` into a :class:`Capacity`:
 
-- the KV pool on each GPU: ``ceil(u x M_CUDA) - W / tp - runtime``, with CUDA's
+- the KV pool on each GPU: ``ceil(u x M_CUDA) - W_GPU - runtime`` (the weights on a GPU as
+  vLLM places them, :func:`kvlib.bounds.weight_bytes_per_gpu`), with CUDA's
   total where recorded (:func:`kvlib.hardware.vllm_budget_bytes`), cut into vLLM's
   blocks (:func:`kvlib.paging.vllm_pool.kv_pool`);
 - ``guaranteed_seats``: sequences the pool holds when every one reaches
@@ -13,19 +14,20 @@
   (prompt + output), each holding only the blocks its tokens fill (a sliding
   layer keeps the blocks of its window, vLLM's ``SlidingWindowManager``);
   with prefix caching the shared prompt's full blocks are held once;
-- the decode batch ``min(concurrency, seats, max_num_seqs)`` and its speed from
-  the roofline of one step: ``max(bytes / BW, FLOPs / F)`` per GPU, bytes from
-  :func:`kvlib.bounds.decode_bytes_per_gpu` at the traffic's mean decode context
-  (prompt + output / 2), FLOPs ``2 x active matmul params + attention`` a token;
-- the joint bound: the decode rate caps throughput only if the GPUs can also
-  prefill the prompts of the requests it finishes. Every request costs
-  ``F_req = F_prefill(uncached prompt) + O x F_tok(T_bar)`` FLOPs, so ``g`` GPUs at
-  a model FLOPs utilization ``mfu`` (:data:`kvlib.capacity.scenario.SERVING_MFU`)
-  sustain at most ``O x mfu x g x F_peak / F_req`` output tokens a second, and
-
-      tokens/s = min(decode bound, O x mfu x g x F_peak / F_req).
-
-  The first term is the memory (KV-bound) regime, the second the compute regime.
+- the batch ``min(concurrency, seats, max_num_seqs, token-budget cap)`` and the time of
+  the engine's mean step at that batch from the step model
+  (:func:`kvlib.step.steady_state_step`): the ``B`` decodes at the traffic's mean context
+  (prompt + output / 2) and, in the same step, the prompt tokens of the ``B / O``
+  requests that replace those finishing (``C = B x uncached prompt / O``, chunked
+  prefill under ``max_num_batched_tokens``). The step's operations add: weight GEMMs
+  ``max(W / BW, 2 P (B + C) / F_eff)``, decode attention's cache reads, prefill
+  attention's FLOPs, with ``F_eff = mfu x F_peak``
+  (:data:`kvlib.capacity.scenario.SERVING_MFU`, an assumption);
+- tokens/s = ``replicas x B / t_step``: every row is reachable, its FLOP/s at most
+  ``mfu x F_peak`` and its bytes/s at most the bandwidth (:meth:`kvlib.step.StepTime.reachable`);
+- the same at full use (``full_use_tokens_per_s``): the batch the deployment reaches
+  when demand fills it, ``min(seats, max_num_seqs, token-budget cap)``, the rate a cost
+  comparison divides by.
 """
 
 from __future__ import annotations
@@ -33,18 +35,19 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from kvlib._validate import cdiv, require_int
-from kvlib.bounds import attention_pairs, decode_bytes_per_gpu, matmul_params, prefill_flops
+from kvlib.bounds import matmul_params, prefill_flops, weight_bytes_per_gpu
 from kvlib.capacity.scenario import Scenario, ScenarioError, check_scenario
 from kvlib.config import ModelConfig
 from kvlib.hardware import vllm_budget_bytes
 from kvlib.paging.prefix import cacheable_blocks
 from kvlib.paging.vllm_pool import KVCacheGroup, KVPool, kv_pool
+from kvlib.step import StepTime, decode_attention_flops, steady_state_step
 from kvlib.units import GiB
-from kvlib.weights.params import weight_bytes
 
 __all__ = [
     "Capacity",
     "assess",
+    "budget_batch",
     "cascade_attention_applies",
     "compute_share",
     "decode_flops_per_token",
@@ -67,10 +70,10 @@ class Capacity:
     shared_blocks: int  # the system prompt's full blocks, held once (prefix caching)
     seats: int  # sequences at the traffic's full length
     batch: int  # sequences decoding together
-    limited_by: str  # "KV cache", "max_num_seqs" or "traffic"
-    step_bytes_per_gpu: int
-    step_s: float
-    compute_utilization: float | None  # FLOP/s used / bf16 dense peak, during decode
+    limited_by: str  # "KV cache", "max_num_seqs", "token budget" or "traffic"
+    step: StepTime  # the mean step at ``batch`` (one GPU)
+    full_use_batch: int  # the batch when demand fills the deployment
+    full_use_step: StepTime
     request_flops: int | None = None  # prefill (uncached part) + decode of one request
     notes: tuple[str, ...] = field(default=())
 
@@ -80,37 +83,52 @@ class Capacity:
         return self.guaranteed_seats >= 1
 
     @property
-    def decode_tokens_per_s(self) -> float:
-        """The decode steps' bound, every replica: ``replicas x batch / step_s``."""
-        return self.scenario.replicas * self.batch / self.step_s
+    def step_s(self) -> float:
+        """The mean step's time: its operations' times added."""
+        return self.step.total_s
 
     @property
-    def compute_tokens_per_s(self) -> float | None:
-        """Output tokens/s the GPUs' arithmetic sustains, prefill included:
-        ``O x mfu x gpus x F_peak / F_req`` (None where kvlib cannot count the FLOPs)."""
-        if self.request_flops is None:
-            return None
-        s = self.scenario
-        flops_per_s = s.mfu * s.gpus * s.gpu.bf16_dense_flops_per_s
-        return s.output_tokens * flops_per_s / self.request_flops
+    def step_bytes_per_gpu(self) -> int:
+        """Bytes the mean step moves on one GPU: weights, the batch's caches, the prefill's."""
+        return self.step.hbm_bytes
+
+    @property
+    def prefill_tokens_per_step(self) -> int:
+        """Prompt tokens each step carries beside its decodes: ``B x uncached prompt / O``."""
+        return self.step.prefill_tokens
 
     @property
     def tokens_per_s(self) -> float:
-        """The joint bound: ``min(decode bound, compute bound)``, every replica."""
-        compute, decode = self.compute_tokens_per_s, self.decode_tokens_per_s
-        return decode if compute is None else min(decode, compute)
+        """Output tokens a second, every replica: ``replicas x batch / step_s``."""
+        return self.scenario.replicas * self.batch / self.step_s
+
+    @property
+    def full_use_tokens_per_s(self) -> float:
+        """Output tokens a second when demand fills every seat the engine admits:
+        ``replicas x full_use_batch / full-use step``."""
+        return self.scenario.replicas * self.full_use_batch / self.full_use_step.total_s
+
+    @property
+    def full_use_limited_by(self) -> str:
+        """What caps the full-use batch: ``"KV cache"``, ``"max_num_seqs"`` or
+        ``"token budget"``."""
+        return _binding(_caps(self.scenario, self.seats, self.shared_blocks))
 
     @property
     def bound_by(self) -> str:
-        """``"memory"`` when the decode steps' bound binds (the KV-bound regime),
-        ``"compute"`` when prefill and decode FLOPs at ``mfu`` do."""
-        compute = self.compute_tokens_per_s
-        return "compute" if compute is not None and compute < self.decode_tokens_per_s else "memory"
+        """``"memory"`` when the mean step's bytes at the bandwidth take longer than its
+        FLOPs at ``mfu x F_peak`` (the KV-bound regime), else ``"compute"``."""
+        return self.step.bound
+
+    @property
+    def compute_utilization(self) -> float:
+        """FLOP/s of the mean step over the card's dense bf16 peak."""
+        return self.step.flops_per_s / self.scenario.gpu.bf16_dense_flops_per_s
 
     @property
     def tokens_per_s_per_sequence(self) -> float:
-        """One sequence's decode speed at the joint bound (``1 / step_s`` in the memory regime)."""
-        return self.tokens_per_s / (self.scenario.replicas * self.batch)
+        """One sequence's decode speed: ``1 / step_s``."""
+        return 1 / self.step_s
 
     @property
     def total_seats(self) -> int:
@@ -153,13 +171,10 @@ def decode_flops_per_token(cfg: ModelConfig, context_tokens: int) -> int | None:
     """
     require_int(context_tokens, "context_tokens")
     body, head = matmul_params(cfg)
-    attention = 0
-    for spec in cfg.layers:
-        try:
-            keys = attention_pairs(spec, context_tokens + 1) - attention_pairs(spec, context_tokens)
-        except ValueError:
-            return None
-        attention += keys * spec.decode_flops_per_key(cfg.num_attention_heads, cfg.head_dim)
+    try:
+        attention = decode_attention_flops(cfg, context_tokens)
+    except ValueError:
+        return None
     return 2 * (body + head) + attention
 
 
@@ -239,22 +254,48 @@ def prefill_compute_share(cap: Capacity) -> float:
     return requests_per_s * flops / (s.gpus * s.gpu.bf16_dense_flops_per_s)
 
 
-def compute_share(cap: Capacity) -> float | None:
-    """Share of the arithmetic the scenario's ``mfu`` allows that its traffic uses:
-    ``(R / O) x F_req / (mfu x gpus x F_peak)``, 1 in the compute regime, below 1 in the
-    memory (KV-bound) regime. None where kvlib cannot count the FLOPs."""
-    if cap.request_flops is None:
-        return None
-    s = cap.scenario
-    requests_per_s = cap.tokens_per_s / s.output_tokens
-    return requests_per_s * cap.request_flops / (s.mfu * s.gpus * s.gpu.bf16_dense_flops_per_s)
+def compute_share(cap: Capacity) -> float:
+    """Share of the mean step the GPU spends on arithmetic at the scenario's ``mfu``: the
+    step's FLOPs at ``mfu x F_peak`` over its time (:attr:`kvlib.step.StepTime.compute_s`).
+    1 where every operation is compute-bound; well below 1 in the KV-bound regime, where
+    the cache reads hold the step."""
+    return cap.step.compute_s / cap.step.total_s
+
+
+def budget_batch(s: Scenario, cached_tokens: int = 0) -> int:
+    """The largest batch whose mean step fits the token budget: ``B + B x (P - cached) / O
+    <= max_num_batched_tokens``, so ``B = floor(budget x O / (O + P - cached))`` (at least 1).
+    vLLM's scheduler gives the running requests' decodes their tokens first and cuts the
+    waiting prompts to what is left of ``max_num_batched_tokens``."""
+    uncached = s.prompt_tokens - cached_tokens
+    return max(1, s.max_num_batched_tokens * s.output_tokens // (s.output_tokens + uncached))
+
+
+def _caps(s: Scenario, seats: int, shared_blocks: int) -> dict[str, int]:
+    """The batch each limit allows: the pool's seats, ``max_num_seqs``, the token budget."""
+    return {"KV cache": seats, "max_num_seqs": s.max_num_seqs,
+            "token budget": budget_batch(s, shared_blocks * s.block_size)}
+
+
+def _binding(caps: dict[str, int]) -> str:
+    """The limit that binds (the pool's on a tie: vLLM preempts before it queues)."""
+    return min(caps, key=lambda k: (caps[k], k != "KV cache"))
+
+
+def _mean_step(s: Scenario, batch: int, cached_tokens: int) -> StepTime:
+    """The scenario's mean step at ``batch`` (:func:`kvlib.step.steady_state_step`)."""
+    return steady_state_step(
+        s.model, s.gpu, batch, s.prompt_tokens, s.output_tokens, cached_tokens=cached_tokens,
+        decode_context_tokens=s.decode_context_tokens, mfu=s.mfu, tp=s.tp,
+        kv_dtype=s.kv_dtype, weight_dtype=s.weight_dtype, matmul_dtype=s.matmul_dtype,
+    )
 
 
 def assess(s: Scenario) -> Capacity:
     """The pool, seats, batch and decode speed of scenario ``s`` (see the module docstring)."""
     check_scenario(s)
     cfg, notes = s.model, []
-    weights = cdiv(weight_bytes(cfg, s.weight_dtype), s.tp)
+    weights = weight_bytes_per_gpu(cfg, s.tp, s.weight_dtype)
     budget = vllm_budget_bytes(s.gpu, s.gpu_memory_utilization)
     kv_memory = budget - weights - s.runtime_bytes_per_gpu
     if kv_memory <= 0:
@@ -274,25 +315,22 @@ def assess(s: Scenario) -> Capacity:
             shared = cacheable_blocks(s.shared_prefix_tokens, s.prompt_tokens, s.block_size)
     seats = seats_with_shared_prefix(pool.num_blocks, per_sequence, shared)
     guaranteed = pool.num_blocks // pool.blocks_per_request
-    wanted = cdiv(s.concurrency, s.replicas)
-    batch = min(wanted, seats, s.max_num_seqs)
-    limited_by = "traffic"
-    if batch < wanted:
-        limited_by = "KV cache" if seats <= s.max_num_seqs else "max_num_seqs"
-    if batch == 0:
+    if seats == 0:
         raise ScenarioError(
             f"not one sequence of {s.sequence_tokens:,} tokens fits the pool of "
             f"{pool.pool_tokens:,} tokens: raise tp, quantize, or shorten the traffic"
         )
-    t = s.decode_context_tokens
-    step_bytes = decode_bytes_per_gpu(cfg, batch, t, s.kv_dtype, s.weight_dtype, s.tp)
-    flops = decode_flops_per_token(cfg, t)
-    memory_s = step_bytes / s.gpu.hbm_bandwidth_bytes_per_s
-    step_s, utilization = memory_s, None
-    if flops is not None:
-        compute_s = batch * flops / s.tp / s.gpu.bf16_dense_flops_per_s
-        step_s = max(memory_s, compute_s)
-        utilization = compute_s / step_s
+    cached = shared * s.block_size
+    caps = _caps(s, seats, shared)
+    full_use = min(caps.values())
+    wanted = cdiv(s.concurrency, s.replicas)
+    batch = min(wanted, full_use)
+    limited_by = "traffic" if batch == wanted else _binding(caps)
+    try:
+        step = _mean_step(s, batch, cached)
+        full_step = step if full_use == batch else _mean_step(s, full_use, cached)
+    except ValueError as err:
+        raise ScenarioError(f"the step model cannot time {cfg.name}: {err}") from None
     return Capacity(
         scenario=s,
         pool=pool,
@@ -303,9 +341,9 @@ def assess(s: Scenario) -> Capacity:
         seats=seats,
         batch=batch,
         limited_by=limited_by,
-        step_bytes_per_gpu=step_bytes,
-        step_s=step_s,
-        compute_utilization=utilization,
-        request_flops=request_flops(s, shared * s.block_size),
+        step=step,
+        full_use_batch=full_use,
+        full_use_step=full_step,
+        request_flops=request_flops(s, cached),
         notes=tuple(notes),
     )

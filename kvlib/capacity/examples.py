@@ -3,14 +3,14 @@
 - :func:`document_assistant`: the chapter's scenario, KV-bound. Llama-3.1-8B on one
   H100-SXM, 4,000-token prompts of which 2,000 are a system prompt every request shares,
   1,000-token replies, 128 conversations in flight. Its pool holds fewer sequences than
-  the traffic keeps in flight, and at the stated model FLOPs utilization the GPU's
-  arithmetic could prefill and decode faster than the pool lets it: the memory term of
-  the joint bound binds (:attr:`kvlib.capacity.assessment.Capacity.bound_by`).
+  the traffic keeps in flight, and its engine steps spend more time reading (the cache,
+  the weights) than computing at the stated model FLOPs utilization: memory-bound
+  (:attr:`kvlib.capacity.assessment.Capacity.bound_by`).
 - :func:`retrieval_heavy`: the same model and card with 6,000-token prompts and
   500-token replies. Its pool is just as full, yet each generated token comes with
-  twelve prompt tokens of prefill (6,000 / 500), and the compute term binds: the other
-  regime, which the same metrics cannot tell apart from the first (the chapter's
-  signature page shows how to).
+  twelve prompt tokens of prefill (6,000 / 500), and the steps' arithmetic takes longer
+  than their reads: the other regime, which the same metrics cannot tell apart from the
+  first (the chapter's signature page shows how to).
 
 Each comes with the model a "fewer bytes per token" remedy would switch to.
 """
@@ -51,7 +51,7 @@ def document_assistant() -> Scenario:
 
 
 def retrieval_heavy() -> Scenario:
-    """Long prompts, short replies: the pool is full, and prefill arithmetic binds."""
+    """Long prompts, short replies: the pool is full, and prefill arithmetic holds the steps."""
     return dataclasses.replace(document_assistant(), prompt_tokens=6_000, output_tokens=500)
 
 
@@ -59,8 +59,8 @@ def bundled_scenarios() -> tuple[BundledScenario, ...]:
     """Every scenario the course bundles, each with its alternative model."""
     oss = load_config("gpt-oss-20b")
     return (
-        BundledScenario("document assistant", "KV-bound: the memory term binds",
+        BundledScenario("document assistant", "KV-bound: the steps are memory-bound",
                         document_assistant(), oss),
-        BundledScenario("retrieval-heavy", "compute-bound: prefill arithmetic binds",
+        BundledScenario("retrieval-heavy", "compute-bound: prefill arithmetic holds the steps",
                         retrieval_heavy(), oss),
     )

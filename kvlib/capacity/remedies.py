@@ -1,22 +1,24 @@
-"""The remedies for a KV-bound deployment, each priced and ranked, the free one first.
+"""The remedies for a KV-bound deployment, each priced and ranked, the free ones first.
 
 A deployment is KV-bound when its cache pool, not its compute, caps the batch: the
 pool is full, requests wait or are preempted, and the batch that runs is too small
 to keep the GPU's arithmetic busy. Each remedy below is a changed
 :class:`kvlib.capacity.scenario.Scenario`; :func:`rank_remedies` assesses every one that
-applies and orders them by what they cost (a tier), then by the tokens/s they reach at
-the joint bound (:attr:`kvlib.capacity.assessment.Capacity.tokens_per_s`: the decode
-steps' bound, or the GPUs' arithmetic at the scenario's model FLOPs utilization when
-the prompts' prefill and the decode FLOPs need more than it gives), then by the seats
-they add:
+applies, each row's tokens/s from the step model at the scenario's MFU
+(:attr:`kvlib.capacity.assessment.Capacity.tokens_per_s`), and orders them by what they
+cost: a tier, and within a tier the order below (the cheaper and safer first), whatever
+tokens/s they reach:
 
-0. **free**: ``max_model_len`` set from the product's need, not the model's maximum.
-   It adds no seat at the traffic's length and no token/s: it guards against runaway
-   requests (a reply that never stops grows only to the need) and raises the seats the
-   pool can guarantee at full length;
-1. **a flag and a check**: an fp8 KV cache (an accuracy check), prefix caching
-   (prompts that share their first tokens), scheduler settings (a latency trade;
-   they add next to no memory);
+0. **free**: ``max_model_len`` set from the product's need, not the model's maximum,
+   and a server-side default ``max_tokens``. Neither adds a seat at the traffic's length
+   nor a token/s: they guard against runaway requests. Lowering ``max_model_len`` has a
+   risk: vLLM answers HTTP 400 to a request whose prompt plus ``max_tokens`` exceeds it
+   (``_validate_input``, ``vllm/entrypoints/openai/serving_engine.py`` at commit
+   ``7ded96b3c73f``), so audit what clients send first;
+1. **a flag and a check**: prefix caching (lossless, on by default in vLLM v1, for
+   prompts that share their first tokens), scheduler settings (a latency trade),
+   a higher ``gpu_memory_utilization`` (an out-of-memory check), an fp8 KV cache (an
+   accuracy check), fp8 (W8A8) weights (an accuracy check on the whole model);
 2. **more GPUs**: a larger tensor-parallel degree, or another replica;
 3. **a model change**: a model that caches fewer bytes per token (GQA, MLA,
    sliding windows), which needs a quality evaluation and, for an architecture of
@@ -36,9 +38,14 @@ from kvlib.config import ModelConfig
 from kvlib.dtypes import DTYPE_BITS, check_dtype
 from kvlib.sizing import kv_bytes
 
-__all__ = ["COST_TIERS", "Ranking", "RemedyEffect", "rank_remedies"]
+__all__ = ["COST_TIERS", "RAISED_GPU_MEMORY_UTILIZATION", "Ranking", "RemedyEffect",
+           "rank_remedies"]
 
 COST_TIERS = ("free", "a flag and a check", "more GPUs", "a model change")
+
+# The gpu_memory_utilization the remedy raises vLLM's default 0.92 to: an example value,
+# leaving about 5% of CUDA's total to other processes and activation peaks.
+RAISED_GPU_MEMORY_UTILIZATION = 0.95
 
 
 @dataclass(frozen=True)
@@ -107,6 +114,26 @@ def _prefix_caching(s: Scenario) -> Scenario:
     return dataclasses.replace(s, prefix_caching=True)
 
 
+def _default_max_tokens(s: Scenario) -> Scenario:
+    return s  # the traffic's replies already stop at output_tokens: a guard, no new seat
+
+
+def _memory_utilization(s: Scenario) -> Scenario:
+    if s.gpu_memory_utilization >= RAISED_GPU_MEMORY_UTILIZATION:
+        raise _NotApplicable(f"gpu_memory_utilization is already {s.gpu_memory_utilization}")
+    return dataclasses.replace(s, gpu_memory_utilization=RAISED_GPU_MEMORY_UTILIZATION)
+
+
+def _fp8_weights(s: Scenario) -> Scenario:
+    if s.weight_dtype is None and s.model.quantization is not None:
+        raise _NotApplicable(f"{s.model.name} ships quantized weights")
+    if s.weight_dtype is not None and DTYPE_BITS[check_dtype(s.weight_dtype)] <= 8:
+        raise _NotApplicable(f"the weights are already {s.weight_dtype}")
+    if s.gpu.fp8_dense_flops_per_s is None:
+        raise _NotApplicable(f"{s.gpu.name} has no fp8 tensor cores")
+    return dataclasses.replace(s, weight_dtype="fp8", matmul_dtype="fp8")
+
+
 def _scheduler(s: Scenario) -> Scenario:
     return dataclasses.replace(s, max_num_seqs=max(s.max_num_seqs, s.concurrency))
 
@@ -140,18 +167,20 @@ def _catalogue(alternative: ModelConfig | None) -> list[tuple[str, int, str, str
     """(name, tier, what it costs, what it changes, what it leaves, the change)."""
     entries: list[tuple[str, int, str, str, str, _Change]] = [
         ("max context from the product's need", 0,
-         "one flag (--max-model-len); refuses only requests longer than the product accepts",
+         "one flag (--max-model-len); vLLM answers HTTP 400 to a request whose prompt plus "
+         "max_tokens exceeds it: audit what clients send first",
          "guards against runaway requests: the longest sequence the pool must absorb, "
          "guaranteed seats, whether the engine starts, and the default max_tokens "
          "(max_model_len - prompt) of requests that set none",
-         "a paged engine's seats at the traffic's real length, and decode speed",
+         "a paged engine's seats at the traffic's real length, and tokens/s",
          _context_from_need),
-        ("fp8 KV cache", 1,
-         "one flag (--kv-cache-dtype fp8) and an accuracy check with calibrated scales",
-         "bytes per cached token (half of bf16): twice the pool tokens, half the cache read "
-         "each step", "the weights (only the cache is quantized)", _fp8_cache),
+        ("server-side default max_tokens", 0,
+         "one flag (--override-generation-config '{\"max_new_tokens\": N}'): a cap on every "
+         "reply, which clients that need longer replies must know",
+         "a reply that never stops ends at N tokens instead of max_model_len - prompt",
+         "seats and tokens/s at the traffic's real length", _default_max_tokens),
         ("prefix caching", 1,
-         "one flag (on by default in vLLM v1) and prompts that start with the same tokens",
+         "one flag (on by default in vLLM v1), lossless; prompts that start with the same tokens",
          "the shared prompt's full blocks are held once and prefilled once",
          "decode reads, unless the attention kernel reads the shared prefix once "
          "(vLLM's cascade attention)", _prefix_caching),
@@ -161,8 +190,21 @@ def _catalogue(alternative: ModelConfig | None) -> list[tuple[str, int, str, str
          "memory (a smaller token budget only shrinks the profiled activation workspace); "
          "max_num_seqs past the seats only adds preemptions",
          _scheduler),
+        (f"gpu_memory_utilization {RAISED_GPU_MEMORY_UTILIZATION}", 1,
+         "one flag (--gpu-memory-utilization) and a check that nothing else on the GPU "
+         "(another process, activation peaks) needs the memory: else out-of-memory errors",
+         "the budget vLLM takes from CUDA's total, all of the increase going to the pool",
+         "the weights, the runtime's share", _memory_utilization),
+        ("fp8 KV cache", 1,
+         "one flag (--kv-cache-dtype fp8) and an accuracy check with calibrated scales",
+         "bytes per cached token (half of bf16): twice the pool tokens, half the cache read "
+         "each step", "the weights (only the cache is quantized)", _fp8_cache),
+        ("fp8 weights (W8A8)", 1,
+         "one flag (--quantization fp8) and an accuracy check of the quantized model",
+         "the weights' bytes (half of bf16): a larger pool, half the weight reads, the "
+         "weight GEMMs on fp8 tensor cores", "the KV cache's bytes per token", _fp8_weights),
         ("more GPUs: tensor parallelism", 2,
-         "more GPU-hours, and an all-reduce between GPUs every layer",
+         "more GPU-hours, and an all-reduce between GPUs every layer (not in the step time)",
          "weights and KV heads split over more GPUs: each pool grows by the weights it sheds",
          "an MLA latent, replicated on every GPU (it has no heads to split)", _more_tp),
         ("more GPUs: another replica", 2,
@@ -182,11 +224,11 @@ def _catalogue(alternative: ModelConfig | None) -> list[tuple[str, int, str, str
 
 def rank_remedies(scenario: Scenario, alternative: ModelConfig | None = None) -> Ranking:
     """Assess each remedy on ``scenario`` (``alternative``: a model to switch to, if any) and
-    rank them by cost tier, then by joint-bound tokens/s, then by seats gained, then by
-    guaranteed seats gained."""
+    rank them by cost: the tier, then the catalogue's order within it (cheaper and safer
+    first), never by the tokens/s a remedy reaches."""
     baseline = assess(scenario)
-    effects, skipped = [], []
-    for name, tier, cost, changes, leaves, change in _catalogue(alternative):
+    effects, skipped, orders = [], [], {}
+    for order, (name, tier, cost, changes, leaves, change) in enumerate(_catalogue(alternative)):
         try:
             after = assess(change(scenario))
         except _NotApplicable as reason:
@@ -195,6 +237,6 @@ def rank_remedies(scenario: Scenario, alternative: ModelConfig | None = None) ->
             skipped.append((name, f"the changed deployment cannot run: {reason}"))
         else:
             effects.append(RemedyEffect(name, tier, cost, changes, leaves, after, baseline))
-    effects.sort(key=lambda e: (e.tier, -e.after.tokens_per_s, -e.seats_gained,
-                                -e.guaranteed_seats_gained))
+            orders[name] = order
+    effects.sort(key=lambda e: (e.tier, orders[e.name]))
     return Ranking(baseline, tuple(effects), tuple(skipped))

@@ -13,10 +13,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from kvlib._validate import require_fraction, require_int
-from kvlib.bounds import valid_tp_degrees
+from kvlib.bounds import tp_error as bounds_tp_error
 from kvlib.config import ModelConfig
 from kvlib.dtypes import check_dtype
 from kvlib.hardware import VLLM_GPU_MEMORY_UTILIZATION, GPUSpec
+from kvlib.step import ASSUMED_MFU, VLLM_MAX_NUM_BATCHED_TOKENS_API
 from kvlib.units import GiB
 
 __all__ = ["SERVING_MFU", "VLLM_MAX_NUM_SEQS", "Scenario", "ScenarioError", "check_scenario"]
@@ -24,13 +25,9 @@ __all__ = ["SERVING_MFU", "VLLM_MAX_NUM_SEQS", "Scenario", "ScenarioError", "che
 # vLLM's --max-num-seqs default for years; recent API servers pick 1,024 on 70 GiB+ cards.
 VLLM_MAX_NUM_SEQS = 256
 
-# Model FLOPs utilization assumed for a serving GPU's arithmetic: the model's FLOPs per
-# second over the dense bf16 peak, as defined by PaLM (Chowdhery et al., 2022, appendix B;
-# arXiv:2204.02311). Pope et al. measured 76% MFU for large-batch prefill of PaLM 540B on
-# TPU v4 ("Efficiently Scaling Transformer Inference", MLSys 2023, arXiv:2211.05102), and
-# chapter 6's run of one 8192^3 bf16 matmul reached about 80% of an H200's peak: a whole
-# model step (attention, norms, small GEMMs, a scheduler between steps) stays below both.
-SERVING_MFU = 0.6
+# The model FLOPs utilization the chapter assumes: the step model's (kvlib.step.ASSUMED_MFU,
+# where its sources are cited), an assumption and no measurement.
+SERVING_MFU = ASSUMED_MFU
 
 
 class ScenarioError(ValueError):
@@ -59,7 +56,9 @@ class Scenario:
     runtime_bytes_per_gpu: int = 2 * GiB  # activations, CUDA graphs, context: assumed
     block_size: int = 16
     max_num_seqs: int = VLLM_MAX_NUM_SEQS
-    mfu: float = SERVING_MFU  # share of the bf16 dense peak prefill and decode FLOPs reach
+    max_num_batched_tokens: int = VLLM_MAX_NUM_BATCHED_TOKENS_API  # a step's token budget
+    mfu: float = SERVING_MFU  # share of the dense peak a step's FLOPs reach
+    matmul_dtype: str = "bf16"  # "fp8": W8A8 weights on fp8 tensor cores
 
     @property
     def engine_max_len(self) -> int:
@@ -92,12 +91,16 @@ class Scenario:
 def check_scenario(s: Scenario) -> None:
     """Refuse a scenario that no engine would run as stated, naming the field."""
     for name in ("prompt_tokens", "output_tokens", "concurrency", "needed_context_tokens",
-                 "tp", "replicas", "block_size", "max_num_seqs"):
+                 "tp", "replicas", "block_size", "max_num_seqs", "max_num_batched_tokens"):
         require_int(getattr(s, name), name, 1)
     require_int(s.shared_prefix_tokens, "shared_prefix_tokens")
     require_int(s.runtime_bytes_per_gpu, "runtime_bytes_per_gpu")
     require_fraction(s.gpu_memory_utilization, "gpu_memory_utilization")
     require_fraction(s.mfu, "mfu")
+    if s.matmul_dtype not in ("bf16", "fp8"):
+        raise ScenarioError(f"matmul_dtype must be 'bf16' or 'fp8', got {s.matmul_dtype!r}")
+    if s.matmul_dtype == "fp8" and s.weight_dtype != "fp8":
+        raise ScenarioError("matmul_dtype 'fp8' needs fp8 weights (W8A8): set weight_dtype='fp8'")
     check_dtype(s.kv_dtype)
     limit = s.model.max_position_embeddings
     if s.max_model_len is not None:
@@ -127,8 +130,6 @@ def check_scenario(s: Scenario) -> None:
             f"shared_prefix_tokens ({s.shared_prefix_tokens:,}) exceeds prompt_tokens "
             f"({s.prompt_tokens:,}): the shared prefix is part of the prompt"
         )
-    if s.tp not in valid_tp_degrees(s.model, max_tp=s.tp):
-        raise ScenarioError(
-            f"tp={s.tp} does not split {s.model.name}'s {s.model.num_attention_heads} "
-            f"attention heads: use one of {valid_tp_degrees(s.model, max_tp=max(s.tp, 8))}"
-        )
+    tp_error = bounds_tp_error(s.model, s.tp)
+    if tp_error:
+        raise ScenarioError(tp_error)

@@ -7,10 +7,13 @@ brackets):
 - requests wait (``vllm:num_requests_waiting`` above 0, growing under load);
 - yet the running batch (``vllm:num_requests_running``) stays below the batch
   cap (``max_num_seqs``): the pool, not the cap, stops admission;
-- sequences are preempted (``vllm:num_preemptions_total`` rising);
-- and the GPU's arithmetic idles: a decode step of a small batch reads every
-  weight for few tokens (its FLOP/s are a few percent of the peak,
-  :attr:`kvlib.capacity.assessment.Capacity.compute_utilization`).
+- sequences are preempted (``vllm:num_preemptions_total`` rising).
+
+Whether the GPUs' arithmetic or their memory traffic holds the steps is a second
+question, answered from the token counters (:func:`arithmetic_share`): the prompt tokens
+computed a second are ``vllm:prompt_tokens_total`` less ``vllm:prefix_cache_hits_total``
+(tokens read from the prefix cache cost no arithmetic), plus the generated tokens
+(``vllm:generation_tokens_total``), each at its FLOPs, over the GPUs' peak.
 
 A step shows the signature when the pool is at least ``full_fraction`` used,
 someone waits, and the batch is below the cap. :func:`diagnose_steps` reads
@@ -23,9 +26,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from kvlib._validate import require_fraction, require_int
+from kvlib._validate import require_fraction, require_int, require_positive
 
-__all__ = ["StepMetrics", "Symptoms", "diagnose_steps"]
+__all__ = ["StepMetrics", "Symptoms", "arithmetic_share", "diagnose_steps"]
 
 
 class StepMetrics(Protocol):
@@ -97,3 +100,36 @@ def diagnose_steps(
         preemptions=sum(step.preempted for step in steps),
         kv_bound_steps=bound,
     )
+
+
+def arithmetic_share(
+    prompt_tokens_per_s: float,
+    prefix_cache_hits_per_s: float,
+    generation_tokens_per_s: float,
+    flops_per_token: float,
+    peak_flops_per_s: float,
+) -> float:
+    """Share of the GPUs' dense peak the served tokens' arithmetic takes, from the rates of
+    vLLM's counters: ``(prompt - prefix-cache hits + generated) x F_tok / F_peak``.
+
+    ``flops_per_token``: about twice the active parameters, plus attention
+    (:func:`kvlib.capacity.assessment.decode_flops_per_token`); ``peak_flops_per_s``: every
+    GPU's together. Near the MFU the kernels reach, the steps are compute-bound; well below
+    it, their bytes hold them. Without the subtraction the share is overstated by the cached
+    tokens' FLOPs, which can make a memory-bound deployment with prefix caching on read as
+    compute-bound.
+    """
+    for name, value in (("prompt_tokens_per_s", prompt_tokens_per_s),
+                        ("prefix_cache_hits_per_s", prefix_cache_hits_per_s),
+                        ("generation_tokens_per_s", generation_tokens_per_s)):
+        if value < 0:
+            raise ValueError(f"{name} must be at least 0, got {value}")
+    if prefix_cache_hits_per_s > prompt_tokens_per_s:
+        raise ValueError(
+            f"prefix_cache_hits_per_s ({prefix_cache_hits_per_s:g}) exceeds "
+            f"prompt_tokens_per_s ({prompt_tokens_per_s:g}): the hits are prompt tokens"
+        )
+    require_positive(flops_per_token, "flops_per_token")
+    require_positive(peak_flops_per_s, "peak_flops_per_s")
+    computed = prompt_tokens_per_s - prefix_cache_hits_per_s + generation_tokens_per_s
+    return computed * flops_per_token / peak_flops_per_s

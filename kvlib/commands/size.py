@@ -7,10 +7,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from kvlib import bounds, sizing
-from kvlib._validate import cdiv
-from kvlib.commands import UsageError, emit, fail
-from kvlib.config import ConfigError, ModelConfig, bundled_models, load_config
-from kvlib.dtypes import DTYPE_BITS, check_dtype
+from kvlib.commands import UsageError, emit, fail, flags
+from kvlib.config import ConfigError, ModelConfig, bundled_models
+from kvlib.dtypes import DTYPE_BITS
 from kvlib.hardware import (
     VLLM_GPU_MEMORY_UTILIZATION,
     GPUSpec,
@@ -18,13 +17,30 @@ from kvlib.hardware import (
     gpu_names,
     vllm_budget_bytes,
 )
-from kvlib.paging import vllm_pool
+from kvlib.paging import sglang_pool, vllm_pool
 from kvlib.units import format_bytes, format_rate, parse_bytes
 from kvlib.weights import params
 
 __all__ = ["SizeReport", "register", "render", "size_report"]
 
 AUTO = "auto"
+ENGINES = ("vllm", "sglang", "both")
+
+
+@dataclass(frozen=True)
+class SGLangReport:
+    """SGLang's pool on one GPU (:mod:`kvlib.paging.sglang_pool`); sizes that do not apply
+    (K and V for an MLA pool, the one KV buffer otherwise) and those needing memory are None."""
+
+    cell_size_bytes: int
+    max_total_num_tokens: int | None
+    k_size_bytes: int | None
+    v_size_bytes: int | None
+    kv_size_bytes: int | None
+    page_size: int
+    mem_fraction_static: float | None  # None with --kv-memory: the rest is given
+    rest_memory_bytes: int | None
+    startup_lines: list[str] | None
 
 
 @dataclass(frozen=True)
@@ -77,6 +93,10 @@ class SizeReport:
     pool_blocks: int | None
     pool_tokens: int | None
     max_concurrency: float | None
+    vllm_version: str
+    estimated_max_model_len: int | None  # vLLM's estimate, where it would refuse to start
+    engine: str
+    sglang: SGLangReport | None
     notes: list[str]
 
 
@@ -88,7 +108,12 @@ def register(commands: Any) -> None:
         description="Size a model's KV cache from its config.json, and how many "
         f"sequences fit on a GPU. Bundled configs: {', '.join(bundled_models())}.",
     )
-    size.add_argument("config", help="path to a config.json (or its folder), or a bundled name")
+    size.add_argument(
+        "config",
+        help="path to a config.json (or its folder), a bundled name, or a Hugging Face "
+        "model id OWNER/NAME[@revision] (its config.json only: from the local cache, else "
+        "downloaded unless HF_HUB_OFFLINE is set)",
+    )
     size.add_argument("--context", type=int, default=4096, help="tokens per sequence (4096)")
     size.add_argument("--batch", type=int, default=1, help="concurrent sequences (1)")
     dtypes = ", ".join(DTYPE_BITS)
@@ -121,6 +146,31 @@ def register(commands: Any) -> None:
         default=vllm_pool.DEFAULT_BLOCK_SIZE,
         help=f"tokens a KV block holds, as vLLM's --block-size ({vllm_pool.DEFAULT_BLOCK_SIZE})",
     )
+    size.add_argument(
+        "--vllm-version",
+        default=vllm_pool.DEFAULT_VLLM_VERSION,
+        help="the vLLM release whose start-up lines to print; 'GPU KV cache size' is "
+        "whole blocks per group before 0.20, int(max concurrency x max_model_len) since "
+        f"({vllm_pool.DEFAULT_VLLM_VERSION})",
+    )
+    size.add_argument(
+        "--engine",
+        choices=ENGINES,
+        default="vllm",
+        help="whose KV pool to print: vllm, sglang, or both side by side (vllm)",
+    )
+    size.add_argument(
+        "--mem-fraction-static",
+        type=float,
+        help="SGLang's --mem-fraction-static (weights and KV pool over the GPU's memory); "
+        "default: SGLang's own, chosen from the GPU's memory and --tp",
+    )
+    size.add_argument(
+        "--page-size",
+        type=int,
+        default=sglang_pool.DEFAULT_PAGE_SIZE,
+        help=f"SGLang's --page-size in tokens ({sglang_pool.DEFAULT_PAGE_SIZE})",
+    )
     size.add_argument("--json", action="store_true", help="print one JSON object")
     size.set_defaults(handler=run)
 
@@ -139,18 +189,24 @@ def _inputs(
 ) -> tuple[ModelConfig, str, str | None, GPUSpec | None, int | None]:
     """``(config, kv dtype, weight dtype or None for auto, GPU, --kv-memory bytes)``, every
     flag checked, each failure naming the flag and the fix."""
-    flags = (("--context", args.context), ("--batch", args.batch), ("--tp", args.tp),
-             ("--block-size", args.block_size))
-    for flag, value in flags:
+    counts = (("--context", args.context), ("--batch", args.batch), ("--tp", args.tp),
+             ("--block-size", args.block_size), ("--page-size", args.page_size))
+    for flag, value in counts:
         if value < 1:
             raise UsageError(f"{flag} must be at least 1, got {value}")
+    if args.mem_fraction_static is not None and not 0 < args.mem_fraction_static < 1:
+        raise UsageError("--mem-fraction-static must be in (0, 1), e.g. 0.85")
     if not 0 < args.gpu_memory_utilization <= 1:
         raise UsageError(
             f"--gpu-memory-utilization must be in (0, 1], e.g. {VLLM_GPU_MEMORY_UTILIZATION}"
         )
-    kv_dtype = _dtype("--kv-dtype", args.kv_dtype)
+    try:
+        vllm_pool.parse_vllm_version(args.vllm_version)
+    except ValueError as err:
+        raise UsageError(f"--vllm-version: {err}") from None
+    kv_dtype = flags.dtype("--kv-dtype", args.kv_dtype)
     weight_dtype = (
-        None if args.weight_dtype == AUTO else _dtype("--weight-dtype", args.weight_dtype)
+        None if args.weight_dtype == AUTO else flags.dtype("--weight-dtype", args.weight_dtype)
     )
     gpu = None
     if args.gpu:
@@ -164,22 +220,9 @@ def _inputs(
             kv_memory = parse_bytes(args.kv_memory)
         except ValueError as err:
             raise UsageError(f"--kv-memory: {err}") from None
-    cfg = load_config(args.config)
-    if args.tp not in bounds.valid_tp_degrees(cfg, max_tp=args.tp):
-        raise UsageError(
-            f"--tp {args.tp} (tp={args.tp}) does not split the {cfg.num_attention_heads} "
-            f"attention heads and {cfg.num_key_value_heads} KV heads of {cfg.name} evenly: "
-            f"use one of {bounds.valid_tp_degrees(cfg, max_tp=max(args.tp, 8))}"
-        )
+    cfg = flags.model(args.config)
+    flags.tp(cfg, "--tp", args.tp)
     return cfg, kv_dtype, weight_dtype, gpu, kv_memory
-
-
-def _dtype(flag: str, value: str) -> str:
-    try:
-        return check_dtype(value)
-    except ValueError:
-        known = ", ".join(DTYPE_BITS)
-        raise UsageError(f"{flag} {value!r} is not a dtype: use one of {known}") from None
 
 
 def _weights(cfg: ModelConfig, weight_dtype: str | None) -> tuple[str, int | None, str | None]:
@@ -202,7 +245,9 @@ def size_report(args: argparse.Namespace) -> SizeReport:
     per_gpu_kv = bounds.kv_bytes_per_gpu(cfg, args.context, kv_dtype, tp)
     notes = _notes(cfg, kv_dtype, gpu, kv_memory_given=free is not None)
     usable = None if gpu is None else vllm_budget_bytes(gpu, args.gpu_memory_utilization)
-    weights_per_gpu = None if weights is None else cdiv(weights, tp)
+    weights_per_gpu = (
+        None if weights is None else bounds.weight_bytes_per_gpu(cfg, tp, weight_dtype)
+    )
     if free is None and usable is not None and weights_per_gpu is not None:
         free = usable - weights_per_gpu
     fits = None if free is None else free > 0
@@ -216,7 +261,14 @@ def size_report(args: argparse.Namespace) -> SizeReport:
             )
             speed = bounds.decode_tokens_per_s(step_bytes, gpu.hbm_bandwidth_bytes_per_s)
         min_gpus = bounds.min_gpus(cfg, gpu, weight_dtype, args.gpu_memory_utilization)
-    pool = _pool(cfg, args, kv_dtype, free_kv, notes)
+    with_vllm = args.engine in ("vllm", "both")
+    pool = _pool(cfg, args, kv_dtype, free_kv, notes if with_vllm else [])
+    sglang = None
+    if args.engine != "vllm":
+        given = None if gpu is not None and args.kv_memory is None else free
+        sglang = _sglang(cfg, args, kv_dtype, gpu, weights_per_gpu, given, notes)
+        if sglang is not None and args.engine == "both":
+            notes += _differences(args, gpu, free_kv, pool, sglang)
     return SizeReport(
         model=cfg.name,
         model_type=cfg.model_type,
@@ -261,6 +313,10 @@ def size_report(args: argparse.Namespace) -> SizeReport:
         pool_blocks=pool.pool_blocks,
         pool_tokens=pool.pool_tokens,
         max_concurrency=pool.max_concurrency,
+        vllm_version=args.vllm_version,
+        estimated_max_model_len=pool.estimated_max_model_len,
+        engine=args.engine,
+        sglang=sglang,
         notes=notes,
     )
 
@@ -272,6 +328,7 @@ class _Pool:
     pool_blocks: int | None = None
     pool_tokens: int | None = None
     max_concurrency: float | None = None
+    estimated_max_model_len: int | None = None
 
 
 def _pool(
@@ -293,16 +350,92 @@ def _pool(
     if free is None:
         return _Pool(page, per_sequence)
     pool = vllm_pool.kv_pool(cfg, free, max_model_len=args.context, block_size=args.block_size,
-                          kv_dtype=kv_dtype, tp=args.tp)
-    if pool.refusal:  # vLLM never logs a pool it refuses to start with
-        notes.append(f"vLLM would not start: {pool.refusal}")
-        return _Pool(page, per_sequence)
+                             kv_dtype=kv_dtype, tp=args.tp, vllm_version=args.vllm_version)
+    if pool.refusal:  # vLLM logs no pool it refuses to start with: its message instead
+        notes.append(f"vLLM {args.vllm_version} would not start: {pool.refusal}")
+        if free <= 0:  # no memory, no pool
+            return _Pool(page, per_sequence)
+        return _Pool(page, per_sequence, pool.num_blocks, pool.pool_tokens, None,
+                     pool.estimated_max_model_len)
     notes.append(
-        f"pool as vLLM logs it: '{pool.startup_lines[0]}', '{pool.startup_lines[1]}' "
-        f"(max_model_len = --context, max_num_batched_tokens = "
+        f"pool as vLLM {args.vllm_version} logs it: '{pool.startup_lines[0]}', "
+        f"'{pool.startup_lines[1]}' (max_model_len = --context, max_num_batched_tokens = "
         f"{vllm_pool.DEFAULT_MAX_NUM_BATCHED_TOKENS:,})"
     )
     return _Pool(page, per_sequence, pool.num_blocks, pool.pool_tokens, pool.max_concurrency)
+
+
+def _sglang(
+    cfg: ModelConfig,
+    args: argparse.Namespace,
+    kv_dtype: str,
+    gpu: GPUSpec | None,
+    weights_per_gpu: int | None,
+    kv_memory: int | None,
+    notes: list[str],
+) -> SGLangReport | None:
+    """SGLang's pool in ``--kv-memory``, or in ``mem_fraction_static x total - weights``
+    on ``--gpu``; None, with the reason in the notes, for a model SGLang sizes otherwise."""
+    try:
+        cell = sglang_pool.cell_size_bytes(cfg, kv_dtype, args.tp)
+    except ValueError as err:
+        notes.append(f"no SGLang pool figures: {err}")
+        return None
+    fraction = rest = None
+    if kv_memory is not None:
+        rest = kv_memory
+    elif gpu is not None:
+        total = gpu.vllm_total_bytes
+        fraction = args.mem_fraction_static or sglang_pool.default_mem_fraction_static(
+            total, args.tp)
+        if weights_per_gpu is not None:
+            rest = sglang_pool.rest_memory_bytes(total, weights_per_gpu, fraction)
+        chosen = "given" if args.mem_fraction_static else "SGLang's default for this GPU and --tp"
+        notes.append(
+            f"SGLang: rest = mem_fraction_static {fraction} ({chosen}) x "
+            f"{gpu.vllm_total_label} total - weights per GPU (profile_max_num_token); SGLang "
+            "measures free memory before loading, a little under the total: an upper bound"
+        )
+    if rest is None:
+        return SGLangReport(cell, None, None, None, None, args.page_size, fraction, None, None)
+    if rest <= 0:
+        notes.append("SGLang would not start: 'Not enough memory. Please try to increase "
+                     "--mem-fraction-static.' (no memory left for the pool)")
+        return SGLangReport(cell, 0, None, None, None, args.page_size, fraction, rest, None)
+    pool = sglang_pool.sglang_pool(cfg, rest, kv_dtype=kv_dtype, tp=args.tp,
+                                   page_size=args.page_size)
+    if pool.max_total_num_tokens <= 0:  # init_memory_pool's check
+        notes.append("SGLang would not start: 'Not enough memory. Please try to increase "
+                     f"--mem-fraction-static.' (less than one {args.page_size}-token page "
+                     "fits)")
+        return SGLangReport(cell, 0, None, None, None, args.page_size, fraction, rest, None)
+    return SGLangReport(cell, pool.max_total_num_tokens, pool.k_size_bytes, pool.v_size_bytes,
+                        pool.kv_size_bytes, args.page_size, fraction, rest,
+                        list(pool.startup_lines))
+
+
+def _differences(
+    args: argparse.Namespace, gpu: GPUSpec | None, vllm_free: int | None, pool: _Pool,
+    sglang: SGLangReport,
+) -> list[str]:
+    """Why the two engines' pools differ, in numbers where they are known."""
+    lines = []
+    if gpu is not None and args.kv_memory is None and vllm_free is not None \
+            and sglang.rest_memory_bytes is not None:
+        lines.append(
+            f"share: vLLM gives the cache {args.gpu_memory_utilization} x total - weights - "
+            f"what its profile run measures ({format_bytes(vllm_free)} before that run), "
+            f"SGLang mem_fraction_static {sglang.mem_fraction_static} x total - weights "
+            f"({format_bytes(max(sglang.rest_memory_bytes, 0))}): SGLang keeps activations and "
+            "CUDA graphs outside its fraction by rule, vLLM by measuring them"
+        )
+    lines.append(
+        f"granularity: vLLM counts whole {args.block_size}-token blocks "
+        f"({'?' if pool.pool_blocks is None else f'{pool.pool_blocks:,}'} blocks), SGLang "
+        f"tokens rounded to its {args.page_size}-token page, plus {args.page_size} padding "
+        "slot(s) in every buffer"
+    )
+    return lines
 
 
 def _notes(
@@ -397,17 +530,36 @@ def _pool_rows(r: SizeReport) -> list[tuple[str, str]]:
         return []
     rows = [(f"page ({r.block_size} tokens, all layers)", _bytes(r.page_bytes, exact=True))]
     rows.append((f"blocks for {r.context_tokens:,} tokens", f"{r.blocks_per_sequence:,}"))
-    if r.pool_blocks is not None and r.max_concurrency is not None:
-        rows += [
-            ("pool (vLLM)", f"{r.pool_blocks:,} blocks = {r.pool_tokens:,} tokens"),
-            ("max concurrency (vLLM)", f"{r.max_concurrency:.2f}x at {r.context_tokens:,} tokens"),
-        ]
+    if r.pool_blocks is not None:
+        rows.append(("pool (vLLM)", f"{r.pool_blocks:,} blocks = {r.pool_tokens:,} tokens"))
+    if r.max_concurrency is not None:
+        rows.append(
+            ("max concurrency (vLLM)", f"{r.max_concurrency:.2f}x at {r.context_tokens:,} tokens")
+        )
+    if r.estimated_max_model_len is not None:
+        rows.append(("longest that fits (vLLM)", f"{r.estimated_max_model_len:,} tokens"))
+    return rows
+
+
+def _sglang_rows(r: SizeReport) -> list[tuple[str, str]]:
+    s = r.sglang
+    if s is None:
+        return []
+    rows = [("cell (SGLang, a token, all layers)", _bytes(s.cell_size_bytes, exact=True))]
+    if s.mem_fraction_static is not None:
+        rows.append(("mem_fraction_static (SGLang)", f"{s.mem_fraction_static}"))
+    if s.max_total_num_tokens is not None:
+        rows.append(("pool (SGLang)", f"{s.max_total_num_tokens:,} tokens"))
+    for line in s.startup_lines or []:
+        rows.append(("SGLang logs", line))
     return rows
 
 
 def render(report: SizeReport) -> str:
     """The table: one row a figure, then notes on what the figures assume."""
-    rows = _model_rows(report) + _gpu_rows(report) + _seat_rows(report) + _pool_rows(report)
+    pools = _pool_rows(report) if report.engine != "sglang" else []
+    rows = (_model_rows(report) + _gpu_rows(report) + _seat_rows(report) + pools
+            + _sglang_rows(report))
     if report.fits is False:
         rows.append(("warning", "the weights do not fit: raise --tp or lower --weight-dtype"))
     # The weights are unknown because the parameter count is: one reason, said once.

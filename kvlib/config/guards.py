@@ -17,7 +17,25 @@ from typing import Any
 from kvlib._validate import is_int
 from kvlib.config.fields import ConfigError, get_bool
 
-__all__ = ["check_generates", "check_modelled"]
+__all__ = ["MAX_CONFIG_BYTES", "MAX_WIDTH", "check_generates", "check_modelled", "check_sizes"]
+
+# Far above any published decoder: Llama 3.1 405B has a model dimension of 16,384, an MLP
+# of 53,248 and 128 query heads ("The Llama 3 Herd of Models", arXiv:2407.21783,
+# Table 3). A width past this is a corrupt file, and sized anyway it prints parameter
+# counts whose float rounding reads as exact digits.
+MAX_WIDTH = 1 << 20
+_WIDTH_FIELDS = (
+    "hidden_size", "n_embd", "d_model", "intermediate_size", "n_inner", "ffn_hidden_size",
+    "ffn_dim", "moe_intermediate_size", "head_dim", "kv_channels", "kv_lora_rank",
+    "q_lora_rank", "qk_rope_head_dim", "qk_nope_head_dim", "v_head_dim",
+    "num_attention_heads", "n_head", "n_heads", "num_heads", "num_key_value_heads",
+    "num_experts", "n_routed_experts", "num_local_experts",
+)
+# Vocabularies reach 262,144 (Gemma 3); 2**24 leaves room and still refuses nonsense.
+_VOCAB_CAP = 1 << 24
+# A config.json is kilobytes; a multi-megabyte one is not a config (or is a weights file
+# passed by mistake), and parsing it would be slow before failing.
+MAX_CONFIG_BYTES = 16 << 20
 
 # transformers' task heads that run one forward pass and generate nothing.
 NON_GENERATING_HEADS = (
@@ -76,3 +94,19 @@ def check_modelled(text: Mapping[str, Any], types: list[str], head_dim: int, mla
             f"model_type {text.get('model_type')!r} mixes MLA layers with {', '.join(windowed)} "
             "layers, whose cache shape its config does not give: kvlib does not size it"
         )
+
+
+def check_sizes(text: Mapping[str, Any]) -> None:
+    """Refuse widths, head counts and vocabularies no real model has, before any is
+    multiplied into a parameter count or a cache size."""
+    caps = {key: MAX_WIDTH for key in _WIDTH_FIELDS} | {"vocab_size": _VOCAB_CAP}
+    for key, cap in caps.items():
+        value = text.get(key)
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            continue  # absent, or a type the field's own reader refuses
+        if value > cap:  # NaN compares false here and is refused by the typed read
+            shown = f"{value:,}" if isinstance(value, int) and value < 10**15 else f"{value:.3g}"
+            raise ConfigError(
+                f"field {key!r} is {shown}: more than {cap:,} is no real model's (Llama 3.1 "
+                "405B's hidden size is 16,384); check the config's value"
+            )

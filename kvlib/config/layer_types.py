@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from kvlib.config.fields import ConfigError, derives, get_optional_int
+from kvlib.config.fields import ConfigError, derives, family, get_optional_int
 
 __all__ = ["KNOWN_TYPES", "layer_types"]
 
@@ -65,14 +65,9 @@ _UNSUPPORTED = {
 }
 
 
-def _family(text: Mapping[str, Any]) -> str:
-    """The text family: ``text_config`` has already mapped wrapper names."""
-    return str(text.get("model_type", ""))
-
-
 def layer_types(text: Mapping[str, Any], num_layers: int, window: int | None) -> list[str]:
     """One transformers layer type per layer, after defaults, forcing and KV sharing."""
-    fam = _family(text)
+    fam = family(text.get("model_type"))
     if fam in _UNSUPPORTED:
         raise ConfigError(f"model_type {fam!r} is not supported by kvlib: {_UNSUPPORTED[fam]}")
     declared = text.get("layer_types")
@@ -130,7 +125,8 @@ def _every(num_layers: int, every: int, kind: str) -> list[str]:
 
 
 def _pattern(text: Mapping[str, Any], num_layers: int) -> list[str]:
-    every = get_optional_int(text, "sliding_window_pattern") or _PATTERNS[_family(text)]
+    fam = family(text.get("model_type"))
+    every = get_optional_int(text, "sliding_window_pattern") or _PATTERNS[fam]
     return _every(num_layers, every, "sliding_attention")
 
 
@@ -184,7 +180,8 @@ def _shared(text: Mapping[str, Any], types: list[str]) -> list[str]:
     """The last ``num_kv_shared_layers`` layers reuse earlier caches (Gemma 3n, Gemma 4)."""
     shared = get_optional_int(text, "num_kv_shared_layers", minimum=0)
     if shared is None:
-        shared = 15 if _family(text) == "gemma3n_text" else 0  # Gemma3nTextConfig's default
+        gemma3n = family(text.get("model_type")) == "gemma3n_text"
+        shared = 15 if gemma3n else 0  # Gemma3nTextConfig's default
     if shared > len(types):
         raise ConfigError(
             f"'num_kv_shared_layers' ({shared}) exceeds 'num_hidden_layers' ({len(types)})"

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from kvlib.config.fields import ConfigError, first_int, get_bool, get_optional_int, text_config
-from kvlib.config.guards import check_generates, check_modelled
+from kvlib.config.guards import MAX_CONFIG_BYTES, check_generates, check_modelled, check_sizes
 from kvlib.config.layer_types import layer_types
 from kvlib.config.layers import attention_heads, sliding_window, specs_from_types
 from kvlib.config.parts import (
@@ -32,6 +32,7 @@ from kvlib.config.parts import (
     quantization_from,
     vision_from,
 )
+from kvlib.dtypes import canonical_dtype
 from kvlib.specs import CacheSpec
 
 __all__ = [
@@ -44,14 +45,6 @@ __all__ = [
 
 _DATA_DIR = Path(__file__).resolve().parents[1] / "data" / "configs"
 
-# config.json spellings of the checkpoint dtype, to kvlib's short names.
-_DTYPE_NAMES = {
-    "bfloat16": "bf16",
-    "float16": "fp16",
-    "half": "fp16",
-    "float32": "fp32",
-    "float": "fp32",
-}
 # The MLP width; GPT-2 (``n_inner``) and Falcon may give none: then 4 x hidden.
 _MLP_WIDTH = ("intermediate_size", "n_inner", "ffn_hidden_size", "ffn_dim")
 # The context the model was trained for, or None when the file gives none.
@@ -148,15 +141,59 @@ def load_config(source: str | os.PathLike[str] | Mapping[str, Any]) -> ModelConf
 
 
 def _read_json(path: Path) -> Mapping[str, Any]:
+    """The JSON object in ``path``; one ConfigError line for an unreadable, oversized,
+    invalid, too deeply nested or duplicate-keyed file."""
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"cannot read {path}: {exc}") from None
+        size = path.stat().st_size
+        if size > MAX_CONFIG_BYTES:
+            raise ConfigError(
+                f"{path} is {size:,} bytes: a config.json is a few kilobytes (at most "
+                f"{MAX_CONFIG_BYTES:,} read); pass the model's config.json, not another file"
+            )
+        text = path.read_bytes().decode("utf-8")
+    except OSError as exc:
+        raise ConfigError(f"cannot read {path}: {exc.strerror or exc}") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(
+            f"{path} is not UTF-8 text (byte {exc.start:,}): save the config as UTF-8 JSON"
+        ) from None
+    try:
+        data = json.loads(text, object_pairs_hook=_unique_keys)
     except json.JSONDecodeError as exc:
         raise ConfigError(f"{path} is not valid JSON (line {exc.lineno}): {exc.msg}") from None
+    except RecursionError:
+        raise ConfigError(
+            f"{path} nests objects or lists too deeply to read (a config.json is a few "
+            "levels deep): check the file"
+        ) from None
+    except _DuplicateKey as exc:
+        raise ConfigError(f"{path}: {exc.args[0]}") from None
     if not isinstance(data, Mapping):
         raise ConfigError(f"{path} must hold a JSON object, got {type(data).__name__}")
     return data
+
+
+class _DuplicateKey(Exception):
+    """A key given twice in one JSON object."""
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """``object_pairs_hook`` refusing a repeated key: a JSON reader silently keeps the last
+    one, and a hand-edited config with two layer counts sizes the wrong model."""
+    data: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in data:
+            raise _DuplicateKey(
+                f"key {key!r} is given twice ({_short(data[key])}, then {_short(value)}); a "
+                "JSON reader keeps the last silently: delete the wrong one"
+            )
+        data[key] = value
+    return data
+
+
+def _short(value: Any) -> str:
+    text = json.dumps(value) if not isinstance(value, (dict, list)) else type(value).__name__
+    return text if len(text) <= 40 else text[:37] + "..."
 
 
 def from_dict(data: Mapping[str, Any], *, name: str = "custom") -> ModelConfig:
@@ -164,6 +201,7 @@ def from_dict(data: Mapping[str, Any], *, name: str = "custom") -> ModelConfig:
     if not isinstance(data, Mapping):
         raise ConfigError(f"a config must be a JSON object, got {type(data).__name__}")
     text = text_config(data)
+    check_sizes(text)
     check_generates(data, text)
     heads = attention_heads(text)
     mla = mla_from(text, heads.hidden_size, heads.num_heads)
@@ -206,4 +244,4 @@ def _tied(data: Mapping[str, Any], text: Mapping[str, Any]) -> bool:
 def _dtype(data: Mapping[str, Any], text: Mapping[str, Any]) -> str | None:
     """``torch_dtype`` (or ``dtype``): the precision the unquantized tensors ship in."""
     values = (source.get(key) for source in (text, data) for key in ("dtype", "torch_dtype"))
-    return next((_DTYPE_NAMES[v] for v in values if isinstance(v, str) and v in _DTYPE_NAMES), None)
+    return next((d for d in map(canonical_dtype, values) if d is not None), None)

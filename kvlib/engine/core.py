@@ -7,10 +7,16 @@ The engine's limits are vLLM's: ``max_num_seqs`` sequences in a step,
 tokens together), ``max_model_len`` tokens in a sequence. A request that sets no
 ``max_new_tokens`` may grow to ``max_model_len`` (vLLM's default ``max_tokens``).
 Bad input fails that request alone: its result carries the error, and the others run.
+
+Times are the engine's ``clock`` (wall or CPU seconds of this machine, or forward passes
+with :class:`StepClock`). Given a :class:`kvlib.engine.gpu_clock.GpuClock`, the engine
+also keeps a modelled clock: each step advances it by the step's time on a named GPU
+from the step model, and every token gets a modelled time beside its measured one.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import time
 from collections.abc import Callable, Sequence
@@ -19,6 +25,7 @@ from dataclasses import dataclass, field
 import torch
 
 from kvlib._validate import is_int, require_int
+from kvlib.engine.gpu_clock import GpuClock
 from kvlib.engine.scheduler import Chunk, Plan, Policy, Scheduler, SeqState
 from kvlib.nn.decoder import PagedKV, SeqInput, TinyDecoder
 from kvlib.paging.table import PagedKVCache, blocks_for_tokens
@@ -61,6 +68,10 @@ class RequestResult:
     finish_reason: str | None = None  # "stop" (a stop token) or "length"
     token_times_s: list[float] = field(default_factory=list)
     cached_prompt_tokens: int = 0  # found in the prefix cache at the last admission
+    # On the modelled GPU clock (None without one): when the request was queued, and
+    # when each token came.
+    modelled_arrival_s: float | None = None
+    modelled_token_times_s: list[float] = field(default_factory=list)
 
     @property
     def ttft_s(self) -> float | None:
@@ -71,6 +82,19 @@ class RequestResult:
     def itl_s(self) -> list[float]:
         """Inter-token latencies: the time between consecutive tokens of the reply."""
         return [later - earlier for earlier, later in itertools.pairwise(self.token_times_s)]
+
+    @property
+    def modelled_ttft_s(self) -> float | None:
+        """Time to first token on the modelled GPU: queue wait and prefill steps."""
+        if self.modelled_arrival_s is None or not self.modelled_token_times_s:
+            return None
+        return self.modelled_token_times_s[0] - self.modelled_arrival_s
+
+    @property
+    def modelled_itl_s(self) -> list[float]:
+        """Inter-token latencies on the modelled GPU: the time of the steps between tokens."""
+        times = self.modelled_token_times_s
+        return [later - earlier for earlier, later in itertools.pairwise(times)]
 
 
 @dataclass(frozen=True)
@@ -85,6 +109,9 @@ class StepRecord:
     prefill_tokens: int
     decode_tokens: int
     preempted: int
+    modelled_s: float | None = None  # the step's time on the modelled GPU
+    recompute_s: float = 0.0  # of it, recomputing preempted sequences
+    recompute_tokens: int = 0
 
 
 @dataclass(frozen=True)
@@ -114,9 +141,12 @@ class Engine:
         model: TinyDecoder,
         config: EngineConfig,
         clock: Callable[[], float] = time.perf_counter,
+        gpu_clock: GpuClock | None = None,
     ) -> None:
         require_int(config.num_blocks, "num_blocks", 1)
         self.model, self.config, self.clock = model, config, clock
+        self.gpu_clock = gpu_clock
+        self.modelled_now_s = 0.0  # seconds on the modelled GPU, when there is one
         self.cache = PagedKVCache(config.num_blocks, config.block_size,
                                   enable_prefix_caching=config.enable_prefix_caching)
         self.kv = PagedKV(model.cfg, config.num_blocks, config.block_size, model.dtype)
@@ -204,6 +234,7 @@ class Engine:
     def run(self, requests: Sequence[Request] = ()) -> list[RequestResult]:
         """Submit ``requests`` and step until every request is finished or failed."""
         self._start = self.clock()
+        self.modelled_now_s = 0.0
         for request in requests:
             self.submit(request)
         while self._pending or self.scheduler.has_work:
@@ -224,12 +255,15 @@ class Engine:
                              self._max_new_tokens(request), request.arrival_s,
                              stop_token_ids=tuple(request.stop_token_ids))
             self._states[request.request_id] = (request, state)
+            if self.gpu_clock is not None:
+                self.results[request.request_id].modelled_arrival_s = self.modelled_now_s
             self.scheduler.add(state)
 
     def step(self, now_s: float) -> bool:
         """Queue the requests arrived by ``now_s``, then one scheduling decision and one
         forward pass; False when nothing could run."""
         self._release_arrivals(now_s)
+        self.before_schedule()
         plan = self.scheduler.schedule(now_s, more_coming=bool(self._pending))
         for seq in plan.preempted:
             self.results[seq.request_id].preemptions = seq.preemptions
@@ -237,12 +271,50 @@ class Engine:
             return False
         logits = self.model.forward_batch([self._input(c) for c in plan.chunks], self.kv)
         done_at = self.now_s()
+        cost = None if self.gpu_clock is None else self.gpu_clock.cost(plan)
+        if cost is not None:
+            self.modelled_now_s += cost.step_s
         for chunk, row in zip(plan.chunks, logits, strict=True):
             self.results[chunk.seq.request_id].cached_prompt_tokens = chunk.seq.cached_tokens
             if chunk.samples:  # a chunk in the middle of a prompt yields no token
                 self._emit(chunk.seq, int(torch.argmax(row)), done_at)
-        self.steps.append(self._record(plan, now_s))
+        record = self._record(plan, now_s)
+        if cost is not None:
+            record = dataclasses.replace(record, modelled_s=cost.step_s,
+                                         recompute_s=cost.recompute_s,
+                                         recompute_tokens=cost.recompute_tokens)
+        self.steps.append(record)
         return True
+
+    def before_schedule(self) -> None:
+        """Runs each step once the arrivals are queued, before the scheduler plans; a
+        subclass brings blocks back into the pool here (:mod:`kvlib.engine.host_tier`)."""
+
+    def adopt(self, request: Request, generated: Sequence[int]) -> SeqState | None:
+        """Take over ``request`` whose prompt another engine prefilled (it sampled
+        ``generated``): blocks for the prompt and a running slot, or None while either is
+        short. The caller fills the blocks (:mod:`kvlib.engine.disagg`)."""
+        if len(self.scheduler.running) >= self.config.max_num_seqs:
+            return None
+        prompt = list(request.prompt)
+        # the prompt's blocks now, and one more for the next token's key and value
+        need = blocks_for_tokens(len(prompt) + 1, self.config.block_size)
+        if need > self.cache.pool.num_free_blocks:
+            return None
+        state = SeqState(request.request_id, prompt, self._max_new_tokens(request),
+                         request.arrival_s, generated=list(generated),
+                         stop_token_ids=tuple(request.stop_token_ids),
+                         num_computed_tokens=len(prompt))
+        self.cache.add_sequence(request.request_id, prompt)
+        result = self.results.setdefault(
+            request.request_id, RequestResult(request.request_id, arrival_s=request.arrival_s))
+        result.output_tokens = list(generated)
+        # the tokens came from the other engine: this engine's clock sees them now
+        result.token_times_s = [self.now_s()] * len(result.output_tokens)
+        result.first_token_s = result.token_times_s[0] if generated else None
+        self._states[request.request_id] = (request, state)
+        self.scheduler.running.append(state)
+        return state
 
     def _input(self, chunk: Chunk) -> SeqInput:
         end, size = chunk.start + chunk.num_tokens, self.config.block_size
@@ -255,6 +327,8 @@ class Engine:
         seq.generated.append(token)
         result.output_tokens.append(token)
         result.token_times_s.append(now)
+        if self.gpu_clock is not None:
+            result.modelled_token_times_s.append(self.modelled_now_s)
         if result.first_token_s is None:
             result.first_token_s = now
         if request.on_token is not None:
@@ -295,13 +369,14 @@ def serve_in_steps(
     *,
     before: Callable[[Engine], None] | None = None,
     after_step: Callable[[Engine], None] | None = None,
+    gpu_clock: GpuClock | None = None,
 ) -> Engine:
     """Serve ``requests`` on a :class:`StepClock` (``arrival_s`` in steps) until every one
     has finished or failed; ``before(engine)`` runs once before the first step (to
-    instrument it), ``after_step(engine)`` after each. Returns the engine, whose
-    ``results`` and ``steps`` hold the run."""
+    instrument it), ``after_step(engine)`` after each; ``gpu_clock`` adds the modelled GPU
+    times. Returns the engine, whose ``results`` and ``steps`` hold the run."""
     clock = StepClock()
-    engine = Engine(model, config, clock=clock)
+    engine = Engine(model, config, clock=clock, gpu_clock=gpu_clock)
     if before is not None:
         before(engine)
     for request in requests:

@@ -11,7 +11,7 @@ what MLA changes around them:
 - :mod:`kvlib.mla.cost`: FLOPs and bytes of a decode step on the naive and the
   absorbed path, and of top-k sparse attention with an indexer;
 - :mod:`kvlib.mla.placement`: weights and seats per GPU under tensor-parallel
-  and data-parallel attention.
+  and data-parallel attention, and decode context parallelism.
 
 Standard library only; the torch modules that these formulas are counted against
 live in :mod:`kvlib.nn.mla` and :mod:`kvlib.nn.sparse`.
@@ -33,9 +33,15 @@ from kvlib.mla.cost import (
     PrefillAttentionFlops,
     latent_read_cost,
     mla_step_cost,
-    prefill_attention_flops,
+    prefill_path_flops,
 )
-from kvlib.mla.placement import AttentionParallel, node_seats, weight_bytes_per_gpu
+from kvlib.mla.placement import (
+    AttentionParallel,
+    dcp_node_seats,
+    dcp_tokens_per_gpu,
+    node_seats,
+    weight_bytes_per_gpu,
+)
 
 __all__ = [
     "AttentionParallel",
@@ -48,12 +54,14 @@ __all__ = [
     "PrefillAttentionFlops",
     "bits_for_published_reduction",
     "cached_elements_per_token",
+    "dcp_node_seats",
+    "dcp_tokens_per_gpu",
     "equivalent_gqa_groups",
     "kv_reduction",
     "latent_read_cost",
     "mla_step_cost",
     "node_seats",
-    "prefill_attention_flops",
+    "prefill_path_flops",
     "vllm_latent_entry_bytes",
     "weight_bytes_per_gpu",
 ]

@@ -20,7 +20,7 @@ from fractions import Fraction
 
 from kvlib._validate import is_number, require_int
 from kvlib.config import MLAShape, ModelConfig
-from kvlib.dtypes import DTYPE_BITS, check_dtype
+from kvlib.dtypes import DTYPE_BITS, bytes_for, check_dtype
 from kvlib.sizing import kv_bytes_per_token
 from kvlib.specs import DS_MLA_FP8_BYTES_PER_TOKEN
 
@@ -190,9 +190,8 @@ def vllm_latent_entry_bytes(cfg: ModelConfig, cache_dtype: str) -> int:
         raise ValueError(
             f"cannot size --kv-cache-dtype {cache_dtype}: {_UNSIZED_CACHE_DTYPES[cache_dtype]}"
         )
-    element_bytes = {"auto": 2, "bfloat16": 2, "fp8": 1, "fp8_e4m3": 1}
-    if cache_dtype in element_bytes:
-        return element_bytes[cache_dtype] * mla.latent_dim
+    if cache_dtype in ("auto", "bfloat16", "fp8", "fp8_e4m3"):  # auto: the model's bf16
+        return bytes_for(mla.latent_dim, "bf16" if cache_dtype == "auto" else cache_dtype)
     if cache_dtype == "fp8_ds_mla":
         if (mla.kv_lora_rank, mla.qk_rope_head_dim) != (512, 64):
             raise ValueError(

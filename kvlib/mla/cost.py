@@ -23,6 +23,8 @@ from typing import Literal
 from kvlib._validate import require_int
 from kvlib.config import IndexerShape, MLAShape
 from kvlib.dtypes import DTYPE_BITS, check_dtype
+from kvlib.specs import causal_pairs
+from kvlib.specs.latent import absorbed_flops_per_key, naive_flops_per_key
 
 __all__ = [
     "LatentReadCost",
@@ -31,7 +33,7 @@ __all__ = [
     "PrefillAttentionFlops",
     "latent_read_cost",
     "mla_step_cost",
-    "prefill_attention_flops",
+    "prefill_path_flops",
 ]
 
 MLAPath = Literal["naive", "absorbed"]
@@ -103,11 +105,11 @@ def mla_step_cost(
     nope, value = shape.qk_nope_head_dim, shape.v_head_dim
     if path == "naive":
         kv_up = 2 * t * shape.kv_b_params
-        attention = 2 * s * t * heads * (nope + rope + value)
+        attention = s * t * naive_flops_per_key(heads, nope, rope, value)
         decompressed = t * heads * (nope + rope + value)
     else:
         kv_up = 2 * s * shape.kv_b_params
-        attention = 2 * s * t * heads * (2 * rank + rope)
+        attention = s * t * absorbed_flops_per_key(heads, rank, rope)
         decompressed = 0
     return MLAStepCost(
         path=path,
@@ -165,7 +167,9 @@ def latent_read_cost(
     require_int(context_tokens, "context_tokens", 1)
     require_int(latent_bytes_per_token, "latent_bytes_per_token", 1)
     require_int(indexer_bytes_per_token, "indexer_bytes_per_token")
-    per_token_flops = 2 * shape.num_heads * (2 * shape.kv_lora_rank + shape.qk_rope_head_dim)
+    per_token_flops = absorbed_flops_per_key(
+        shape.num_heads, shape.kv_lora_rank, shape.qk_rope_head_dim
+    )
     if indexer is None:
         selected, indexer_flops, indexer_bytes = context_tokens, 0, 0
     else:
@@ -182,13 +186,6 @@ def latent_read_cost(
         attention_flops=selected * per_token_flops,
         attention_bytes=selected * latent_bytes_per_token,
     )
-
-
-def _causal_pairs(tokens: int, cap: int | None = None) -> int:
-    """Query-key pairs of a causal prompt: ``sum over t = 1..T of min(t, cap)``."""
-    if cap is None or cap >= tokens:
-        return tokens * (tokens + 1) // 2
-    return cap * (cap + 1) // 2 + (tokens - cap) * cap
 
 
 @dataclass(frozen=True)
@@ -217,10 +214,12 @@ class PrefillAttentionFlops:
         return self.absorbed_sparse + self.indexer
 
 
-def prefill_attention_flops(
+def prefill_path_flops(
     shape: MLAShape, prompt_tokens: int, indexer: IndexerShape | None = None
 ) -> PrefillAttentionFlops:
-    """FLOPs of a causal prefill of ``prompt_tokens`` on each path (projections left out).
+    """FLOPs of one MLA layer's causal prefill of ``prompt_tokens`` on each path
+    (projections left out). A whole model's attention FLOPs, summed over its layers,
+    are :func:`kvlib.bounds.prefill_attention_flops`.
 
     Query ``t`` (1-based) sees ``t`` tokens, so a prompt has ``T (T + 1) / 2`` pairs:
 
@@ -239,8 +238,9 @@ def prefill_attention_flops(
     rank, rope = shape.kv_lora_rank, shape.qk_rope_head_dim
     nope, value = shape.qk_nope_head_dim, shape.v_head_dim
     up = 2 * t * shape.kv_b_params
-    pairs = _causal_pairs(t)
-    absorbed_pair, naive_pair = 2 * heads * (2 * rank + rope), 2 * heads * (nope + rope + value)
+    pairs = causal_pairs(t)
+    absorbed_pair = absorbed_flops_per_key(heads, rank, rope)
+    naive_pair = naive_flops_per_key(heads, nope, rope, value)
     top_k = None if indexer is None else indexer.top_k
     index = 0 if indexer is None else 2 * indexer.num_heads * (indexer.head_dim + 1) * pairs
     return PrefillAttentionFlops(
@@ -248,7 +248,7 @@ def prefill_attention_flops(
         top_k=top_k,
         naive=up + naive_pair * pairs,
         absorbed_dense=up + absorbed_pair * pairs,
-        absorbed_sparse=up + absorbed_pair * _causal_pairs(t, top_k),
-        naive_sparse=up + naive_pair * _causal_pairs(t, top_k),
+        absorbed_sparse=up + absorbed_pair * causal_pairs(t, top_k),
+        naive_sparse=up + naive_pair * causal_pairs(t, top_k),
         indexer=index,
     )

@@ -16,33 +16,23 @@ from typing import Literal
 
 from kvlib._validate import cdiv, require_fraction, require_int
 from kvlib.bounds import kv_bytes_per_gpu
+from kvlib.bounds import weight_bytes_per_gpu as bounds_weight_bytes_per_gpu
 from kvlib.config import ModelConfig
 from kvlib.dtypes import check_dtype
 from kvlib.hardware import VLLM_GPU_MEMORY_UTILIZATION, GPUSpec, vllm_budget_bytes
 from kvlib.sizing import kv_bytes, seats
-from kvlib.weights.layouts import WeightGroup, weight_groups
+from kvlib.weights.layouts import weight_groups
 from kvlib.weights.params import group_weight_bytes
 
-__all__ = ["AttentionParallel", "node_seats", "weight_bytes_per_gpu"]
+__all__ = [
+    "AttentionParallel",
+    "dcp_node_seats",
+    "dcp_tokens_per_gpu",
+    "node_seats",
+    "weight_bytes_per_gpu",
+]
 
 AttentionParallel = Literal["tp", "dp"]
-
-# Weights vLLM keeps whole on every tensor-parallel rank of a DeepSeek model
-# (vllm/model_executor/models/deepseek_v2.py): ``fused_qkv_a_proj`` (q_a_proj and
-# kv_a_proj_with_mqa, built with ``disable_tp=True``), the MoE router (a
-# ``ReplicatedLinear``) and every RMSNorm weight.
-_REPLICATED_MODULES = (".q_a_proj.", ".kv_a_proj_with_mqa.")
-
-
-def _kept_whole(group: WeightGroup, attention: AttentionParallel) -> bool:
-    """Whether every GPU holds ``group`` whole: under DP all but the routed experts (the
-    tensors stored once per expert), under TP the ones vLLM replicates."""
-    if attention == "dp":
-        return group.copies_per_layer <= 1
-    if group.role in ("router", "norm"):
-        return True
-    return any(name in group.module for name in _REPLICATED_MODULES)
-
 
 def weight_bytes_per_gpu(
     cfg: ModelConfig,
@@ -54,21 +44,24 @@ def weight_bytes_per_gpu(
 
     ``weight_dtype`` is a precision for every weight (``"fp8"``: one byte each, no
     scales) or None for the checkpoint as it ships, scales included. ``"tp"``
-    (vLLM ``-tp N``): every tensor split N ways except those vLLM replicates
-    (``fused_qkv_a_proj``, the router, the norms). ``"dp"`` (``-dp N
-    --enable-expert-parallel``): the routed experts split N ways, everything else
-    (attention, shared experts, dense MLPs, embeddings, LM head) whole on every GPU.
+    (vLLM ``-tp N``): :func:`kvlib.bounds.weight_bytes_per_gpu`, every tensor split N
+    ways except those vLLM replicates (``fused_qkv_a_proj``, the router, the norms).
+    ``"dp"`` (``-dp N --enable-expert-parallel``): the routed experts split N ways,
+    everything else (attention, shared experts, dense MLPs, embeddings, LM head) whole
+    on every GPU.
     """
     require_int(gpus, "gpus", 1)
     if attention not in ("tp", "dp"):
         raise ValueError(f"attention must be 'tp' or 'dp', got {attention!r}")
     if weight_dtype is not None:
         check_dtype(weight_dtype)
+    if attention == "tp":
+        return bounds_weight_bytes_per_gpu(cfg, gpus, weight_dtype)
     groups = weight_groups(cfg)
-    whole = [g for g in groups if _kept_whole(g, attention)]
-    split = [g for g in groups if not _kept_whole(g, attention)]
+    whole = [g for g in groups if g.copies_per_layer <= 1]
+    experts = [g for g in groups if g.copies_per_layer > 1]
     return group_weight_bytes(cfg, whole, weight_dtype) + cdiv(
-        group_weight_bytes(cfg, split, weight_dtype), gpus
+        group_weight_bytes(cfg, experts, weight_dtype), gpus
     )
 
 
@@ -104,3 +97,54 @@ def node_seats(
     if attention == "tp":
         return seats(free, kv_bytes_per_gpu(cfg, context_tokens, kv_dtype, gpus))
     return gpus * seats(free, kv_bytes(cfg, context_tokens, kv_dtype))
+
+
+def dcp_tokens_per_gpu(context_tokens: int, dcp: int, pcp: int = 1) -> int:
+    """Tokens of one sequence each GPU caches under decode (and prefill) context
+    parallelism: ``cdiv(T, dcp x pcp)``, as ``FullAttentionSpec.max_memory_usage_bytes``
+    divides ``max_model_len`` (``vllm/v1/kv_cache_interface.py``). DCP interleaves a
+    sequence's tokens over ``dcp`` ranks of the tensor-parallel group, so it needs
+    no extra GPUs (vLLM docs, "Context Parallel Deployment")."""
+    require_int(context_tokens, "context_tokens", 1)
+    require_int(dcp, "dcp", 1)
+    require_int(pcp, "pcp", 1)
+    return cdiv(context_tokens, dcp * pcp)
+
+
+def dcp_node_seats(
+    cfg: ModelConfig,
+    gpu: GPUSpec,
+    gpus: int,
+    context_tokens: int,
+    dcp: int,
+    *,
+    kv_dtype: str = "bf16",
+    weight_dtype: str | None = "bf16",
+    gpu_memory_utilization: float = VLLM_GPU_MEMORY_UTILIZATION,
+) -> int:
+    """Sequences ``-tp gpus -dcp dcp`` holds: the weights of tensor parallelism, and
+    each GPU caching ``cdiv(T, dcp)`` tokens of every sequence
+    (:func:`dcp_tokens_per_gpu`) in its TP share (the whole latent for MLA).
+
+    vLLM bounds ``dcp`` by ``tp / H_kv`` (docs, "Context Parallel Deployment"): the
+    KV replication left after splitting heads, ``tp`` for an MLA latent. With
+    ``dcp = tp`` an MLA node holds ``tp`` times the sequences of ``-tp`` alone, as
+    DP attention does, without DP's extra weight copies. ``dcp = 1`` is
+    :func:`node_seats` under TP. Upper bound: the activation workspace is left out.
+    """
+    require_int(gpus, "gpus", 1)
+    require_int(dcp, "dcp", 1)
+    max_dcp = gpus if cfg.mla else max(1, gpus // cfg.num_key_value_heads)
+    if dcp > max_dcp or gpus % dcp:
+        raise ValueError(
+            f"dcp={dcp} must divide tp={gpus} and be at most tp / H_kv = {max_dcp} "
+            f"for {cfg.name}: use a divisor of {gpus} up to {max_dcp}"
+        )
+    require_fraction(gpu_memory_utilization, "gpu_memory_utilization")
+    local_tokens = dcp_tokens_per_gpu(context_tokens, dcp)
+    free = vllm_budget_bytes(gpu, gpu_memory_utilization) - weight_bytes_per_gpu(
+        cfg, gpus, weight_dtype, "tp"
+    )
+    if free <= 0:
+        return 0
+    return seats(free, kv_bytes_per_gpu(cfg, local_tokens, kv_dtype, gpus))

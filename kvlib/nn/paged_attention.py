@@ -14,8 +14,9 @@ key/value heads). It is checked against
 ``torch.nn.functional.scaled_dot_product_attention`` on the same keys and
 values stored contiguously (``tests/unit/test_nn_paged_attention.py``). It is a
 reference for correctness, not a fused kernel: the gather copies the keys and
-values, which a real kernel (vLLM's ``paged_attention_v1``, FlashAttention's
-``block_table`` argument) avoids by reading the blocks in place.
+values, which a real kernel avoids by reading the blocks in place (FlashAttention's
+``block_table`` argument, which vLLM's v1 engine uses on Hopper; torch's
+``PagedAttention`` on ``flex_attention``; vLLM's older ``paged_attention_v1``).
 """
 
 from __future__ import annotations

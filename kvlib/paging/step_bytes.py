@@ -1,8 +1,9 @@
 """Bytes one decode step reads through a block table, against a contiguous cache.
 
-A decode step reads every weight it multiplies (all but the input embedding table,
-:func:`kvlib.weights.params.unread_weight_bytes`) and every cached key and value of
-every running sequence. Through a block table it reads whole blocks: the last block
+A decode step reads every weight it multiplies, once (all but the input embedding table,
+and of a mixture-of-experts layer only the experts its tokens are routed to: the same
+weights :func:`kvlib.bounds.decode_bytes_per_gpu` counts) and every cached key and value
+of every running sequence. Through a block table it reads whole blocks: the last block
 of a sequence is read in full although only part of it holds tokens (a kernel loads
 a block as one tile of keys), plus the table itself, one 4-byte block id per block
 (vLLM's ``block_table`` tensors are int32). An unfused implementation that first
@@ -17,10 +18,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from kvlib._validate import cdiv, require_int
+from kvlib.bounds import decode_bytes_per_gpu
 from kvlib.config import ModelConfig
 from kvlib.paging.vllm_pool import DEFAULT_BLOCK_SIZE, unified_page_bytes
 from kvlib.sizing import kv_bytes
-from kvlib.weights.params import unread_weight_bytes, weight_bytes
 
 __all__ = ["BLOCK_ID_BYTES", "PagedStepBytes", "paged_step_bytes"]
 
@@ -31,7 +32,7 @@ BLOCK_ID_BYTES = 4  # one int32 entry of a block table
 class PagedStepBytes:
     """Bytes one decode step reads, by where they come from."""
 
-    weights: int  # every weight the step multiplies
+    weights: int  # every weight the step multiplies (a MoE layer: the experts it touches)
     cache_tokens: int  # the keys and values the sequences hold, token by token
     cache_blocks: int  # the same read as whole blocks (the last one's empty slots too)
     block_table: int  # the block ids
@@ -64,7 +65,9 @@ def paged_step_bytes(
 ) -> PagedStepBytes:
     """One decode step of ``batch`` sequences of ``context_tokens`` each.
 
-    ``cache_tokens = batch x kv_bytes(T)``; ``cache_blocks = batch x cdiv(T, B) x page``
+    ``weights``: the weight part of :func:`kvlib.bounds.decode_bytes_per_gpu` on one GPU
+    (its cache part is ``cache_tokens``); ``cache_tokens = batch x kv_bytes(T)``;
+    ``cache_blocks = batch x cdiv(T, B) x page``
     (vLLM's page summed over layers, :func:`kvlib.paging.vllm_pool.unified_page_bytes`);
     ``block_table = batch x cdiv(T, B) x 4``; ``gather_copy = 2 x cache_blocks``.
     Full-attention models: a sliding layer would read only its window's blocks.
@@ -81,7 +84,7 @@ def paged_step_bytes(
     blocks = batch * cdiv(context_tokens, block_size)
     cache_blocks = blocks * unified_page_bytes(cfg, block_size, kv_dtype)
     return PagedStepBytes(
-        weights=weight_bytes(cfg, weight_dtype) - unread_weight_bytes(cfg, weight_dtype),
+        weights=decode_bytes_per_gpu(cfg, batch, 0, kv_dtype, weight_dtype),
         cache_tokens=batch * kv_bytes(cfg, context_tokens, kv_dtype),
         cache_blocks=cache_blocks,
         block_table=blocks * BLOCK_ID_BYTES,

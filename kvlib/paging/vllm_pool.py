@@ -1,7 +1,7 @@
 """vLLM's KV-pool arithmetic: pages, blocks in a memory budget, and its two start-up lines.
 
-Followed from vLLM's v1 engine, read at commit ``001cabc1be16`` of
-``vllm-project/vllm`` (the main branch):
+Followed from vLLM's v1 engine, read at commit ``001cabc1be16a59a70d720ed61a13b678c060a18``
+of ``vllm-project/vllm``:
 
 - ``vllm/v1/kv_cache_interface.py``: a layer's page is ``block_size x`` its bytes
   per token (``AttentionSpec.real_page_size_bytes``: ``2 x B x H_kv x d x b``;
@@ -21,10 +21,21 @@ Followed from vLLM's v1 engine, read at commit ``001cabc1be16`` of
   spans ``group_size`` layer tensors, so ``num_blocks = memory // (page x
   group_size)`` (``get_num_blocks``); with one group of differing pages it is
   ``memory // sum of pages`` (``get_kv_cache_config_from_groups``).
-- ``_report_kv_cache_config`` logs ``GPU KV cache size: {num_blocks //
-  num_groups x min block size:,} tokens`` and ``Maximum concurrency for
-  {max_model_len:,} tokens per request: {num_blocks / blocks per request:.2f}x``
-  (``get_max_concurrency_for_kv_cache_config``).
+- ``_report_kv_cache_config`` logs ``Maximum concurrency for {max_model_len:,}
+  tokens per request: {num_blocks / blocks per request:.2f}x``
+  (``get_max_concurrency_for_kv_cache_config``) and, before it, ``GPU KV cache
+  size: {N:,} tokens``, where N changed in 2026 (vLLM PRs #38364 and #40694, after
+  issue #40691 showed the old line on 0.19.0 for a hybrid model): it was
+  ``num_blocks // num_groups x min block size`` at ``001cabc1be16`` and is
+  ``int(max_concurrency x max_model_len)`` since (:func:`logged_pool_tokens`).
+  The two agree for full attention with ``max_model_len`` a multiple of the
+  block size; for a hybrid model the new figure is derived, and moves with
+  ``max_model_len`` while the blocks stay the same.
+- ``_check_enough_kv_cache_memory`` refuses to start, before any of this is
+  logged, with a message that quotes ``estimate_max_model_len``: the longest
+  ``max_model_len`` in ``[1, max_model_len]`` whose budget fits (a binary search
+  over the same per-request memory), the figure a user reads to fix the launch
+  (:attr:`KVPool.refusal_message`, :attr:`KVPool.estimated_max_model_len`).
 
 Modelled: full, MLA, sliding-window and chunked-local layers, tensor
 parallelism (each GPU's share of the KV heads), layers that reuse another
@@ -37,6 +48,7 @@ a null block: the logged size counts it, its scheduler cannot use it.
 
 from __future__ import annotations
 
+import re
 from collections import Counter
 from dataclasses import dataclass
 
@@ -44,11 +56,11 @@ from kvlib._validate import cdiv, require_int
 from kvlib.config import ModelConfig
 from kvlib.hardware import VLLM_GPU_MEMORY_UTILIZATION, GPUSpec, vllm_budget_bytes
 from kvlib.specs import CacheSpec, vllm_group_spec
-from kvlib.units import format_bytes
 
 __all__ = [
     "DEFAULT_BLOCK_SIZE",
     "DEFAULT_MAX_NUM_BATCHED_TOKENS",
+    "DEFAULT_VLLM_VERSION",
     "KVCacheGroup",
     "KVPool",
     "LayerPage",
@@ -59,13 +71,30 @@ __all__ = [
     "kv_pool",
     "layer_page_bytes",
     "layer_pages",
+    "logged_pool_tokens",
+    "parse_vllm_version",
     "unified_page_bytes",
+    "uses_derived_pool_line",
 ]
 
 DEFAULT_BLOCK_SIZE = 16  # vLLM's default --block-size on CUDA
 # Chunked-prefill budget; vLLM's default depends on version, GPU and entry point
 # (2,048 to 16,384 tokens). It only changes the budget of sliding/chunked layers.
 DEFAULT_MAX_NUM_BATCHED_TOKENS = 8192
+
+# The release whose start-up lines kvlib prints unless asked for another; it logs
+# "GPU KV cache size" as int(max_concurrency x max_model_len).
+DEFAULT_VLLM_VERSION = "0.25.1"
+# The first release taken to log that derived figure: 0.19.0 logs num_blocks // groups x
+# block size (vLLM issue #40691, 2026-04-23), a 0.24.0 log the derived one (567,978
+# tokens at 131,072 and 4.33x, not a whole number of blocks); the change landed after
+# 0.19 was cut.
+_DERIVED_LINE_SINCE = (0, 20, 0)
+# V1 became vLLM's default engine in 0.8.0; before it, v0's worker refused a short
+# cache with its own wording (raise_if_cache_size_invalid in vllm/worker/worker.py).
+_V1_DEFAULT_SINCE = (0, 8, 0)
+_CONSERVING_MEMORY = "https://docs.vllm.ai/en/latest/configuration/conserving_memory/"
+_GIB = 1 << 30
 
 
 @dataclass(frozen=True)
@@ -164,6 +193,48 @@ def kv_cache_groups(
     ]
 
 
+def parse_vllm_version(version: str) -> tuple[int, int, int]:
+    """``(major, minor, patch)`` of a vLLM version string: ``0.19.0``, ``v0.19``,
+    ``0.20.1rc1`` or ``0.11.0+cu129`` (a suffix after the numbers is ignored)."""
+    match = re.fullmatch(r"v?(\d+)\.(\d+)(?:\.(\d+))?([.+-]?[0-9A-Za-z.+-]*)", version.strip())
+    if match is None:
+        raise ValueError(
+            f"vLLM version {version!r} is not MAJOR.MINOR[.PATCH]: give one such as "
+            f"0.19.0 or {DEFAULT_VLLM_VERSION}"
+        )
+    major, minor, patch = match.group(1, 2, 3)
+    return int(major), int(minor), int(patch or 0)
+
+
+def uses_derived_pool_line(version: str) -> bool:
+    """Whether vLLM ``version`` logs "GPU KV cache size" as ``int(concurrency x max_model_len)``."""
+    return parse_vllm_version(version) >= _DERIVED_LINE_SINCE
+
+
+def logged_pool_tokens(
+    num_blocks: int,
+    groups: tuple[KVCacheGroup, ...] | list[KVCacheGroup],
+    max_concurrency: float,
+    max_model_len: int,
+    vllm_version: str = DEFAULT_VLLM_VERSION,
+) -> int:
+    """The N of "GPU KV cache size: N tokens" as ``vllm_version`` logs it.
+
+    Since PRs #38364/#40694: ``int(max_concurrency x max_model_len)``, a figure derived
+    from the concurrency; before: ``num_blocks // len(groups) x min block size``,
+    whole blocks shared out among the groups. Equal for one full-attention group when
+    ``max_model_len`` is a multiple of the block size.
+    """
+    if uses_derived_pool_line(vllm_version):
+        return int(max_concurrency * max_model_len)
+    return num_blocks // len(groups) * min(g.block_size for g in groups)
+
+
+def _format_gib(n: int) -> str:
+    """vLLM's ``format_gib``: ``round(bytes / GiB, 2)`` printed as a Python float."""
+    return str(round(n / _GIB, 2))
+
+
 @dataclass(frozen=True)
 class KVPool:
     """The KV pool vLLM builds in ``kv_memory_bytes`` on each GPU, and what it logs."""
@@ -174,33 +245,89 @@ class KVPool:
     groups: tuple[KVCacheGroup, ...]
     page_bytes: int  # bytes of one block id across every layer on this GPU
     num_blocks: int  # vLLM's num_gpu_blocks
-    pool_tokens: int  # "GPU KV cache size: N tokens"
+    pool_tokens: int  # "GPU KV cache size: N tokens", as vllm_version logs it
     blocks_per_request: int  # budget of one request of max_model_len tokens
     max_concurrency: float  # "Maximum concurrency for ... tokens per request: Yx"
+    max_num_batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS
+    vllm_version: str = DEFAULT_VLLM_VERSION
 
     @property
     def min_kv_memory_bytes(self) -> int:
         """Least memory vLLM accepts: one request of ``max_model_len`` must fit."""
         return self.blocks_per_request * self.page_bytes
 
+    def budget_bytes(self, max_model_len: int) -> int:
+        """KV memory one request of ``max_model_len`` tokens is budgeted (vLLM's
+        ``max_memory_usage_bytes``): the blocks of every group, times the page."""
+        blocks = sum(g.blocks_per_request(max_model_len, self.max_num_batched_tokens)
+                     for g in self.groups)
+        return blocks * self.page_bytes
+
+    @property
+    def estimated_max_model_len(self) -> int:
+        """vLLM's ``estimate_max_model_len``: the largest length in ``[1, max_model_len]``
+        whose budget fits this memory, by binary search; 0 when not even one token fits."""
+        if self.budget_bytes(1) > self.kv_memory_bytes:
+            return 0
+        low, high, best = 1, self.max_model_len, 1
+        while low <= high:
+            mid = (low + high) // 2
+            if self.budget_bytes(mid) <= self.kv_memory_bytes:
+                best, low = mid, mid + 1
+            else:
+                high = mid - 1
+        return best
+
     @property
     def refusal(self) -> str | None:
-        """Why vLLM would refuse to start on this memory, or None.
+        """vLLM's whole message when it would refuse to start on this memory, else None.
 
-        Before it logs the pool, ``check_enough_kv_cache_memory``
-        (``vllm/v1/core/kv_cache_utils.py``) requires memory left after the profile and
-        room for one request of ``max_model_len``: :attr:`min_kv_memory_bytes`.
+        V1 (``_check_enough_kv_cache_memory`` in ``vllm/v1/core/kv_cache_utils.py``)
+        requires memory left after the profile and room for one request of
+        ``max_model_len`` (:attr:`min_kv_memory_bytes`), and names the length that
+        would fit; v0 (releases before 0.8) compared ``max_model_len`` with the pool's
+        whole blocks. Worded as :attr:`vllm_version` words it.
         """
+        if parse_vllm_version(self.vllm_version) < _V1_DEFAULT_SINCE:
+            return self._v0_refusal()
         if self.kv_memory_bytes <= 0:
-            return "No available memory for the cache blocks"
-        if self.kv_memory_bytes < self.min_kv_memory_bytes:
             return (
-                f"one request of max_model_len = {self.max_model_len:,} tokens needs "
-                f"{format_bytes(self.min_kv_memory_bytes)} of cache, more than the "
-                f"{format_bytes(self.kv_memory_bytes)} available ('To serve at least one "
-                "request' error)"
+                "No available memory for the cache blocks. Try increasing "
+                "`gpu_memory_utilization` when initializing the engine. See "
+                f"{_CONSERVING_MEMORY} for more details."
             )
-        return None
+        needed = self.min_kv_memory_bytes
+        if needed <= self.kv_memory_bytes:
+            return None
+        estimated = self.estimated_max_model_len
+        estimate = (
+            "Based on the available memory, the estimated maximum model length is "
+            f"{estimated}. " if estimated > 0 else ""
+        )
+        return (  # "models's" is vLLM's spelling
+            "To serve at least one request with the models's max seq len "
+            f"({self.max_model_len}), ({_format_gib(needed)} GiB KV cache is needed, which "
+            "is larger than the available KV cache memory "
+            f"({_format_gib(self.kv_memory_bytes)} GiB). {estimate}Try increasing "
+            "`gpu_memory_utilization` or decreasing `max_model_len` when initializing the "
+            f"engine. See {_CONSERVING_MEMORY} for more details."
+        )
+
+    def _v0_refusal(self) -> str | None:
+        if self.num_blocks <= 0:
+            return (
+                "No available memory for the cache blocks. Try increasing "
+                "`gpu_memory_utilization` when initializing the engine."
+            )
+        stored = self.num_blocks * self.block_size
+        if self.max_model_len <= stored:
+            return None
+        return (
+            f"The model's max seq len ({self.max_model_len}) is larger than the maximum "
+            f"number of tokens that can be stored in KV cache ({stored}). Try increasing "
+            "`gpu_memory_utilization` or decreasing `max_model_len` when initializing the "
+            "engine."
+        )
 
     @property
     def startup_lines(self) -> tuple[str, str]:
@@ -221,15 +348,19 @@ def kv_pool(
     kv_dtype: str = "bf16",
     tp: int = 1,
     max_num_batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS,
+    vllm_version: str = DEFAULT_VLLM_VERSION,
 ) -> KVPool:
-    """vLLM's pool for ``cfg`` in ``kv_memory_bytes`` of KV memory per GPU."""
+    """vLLM's pool for ``cfg`` in ``kv_memory_bytes`` of KV memory per GPU, with the
+    start-up line ``vllm_version`` logs (:func:`logged_pool_tokens`)."""
     require_int(kv_memory_bytes, "kv_memory_bytes")
     require_int(max_model_len, "max_model_len", 1)
     require_int(max_num_batched_tokens, "max_num_batched_tokens", 1)
+    parse_vllm_version(vllm_version)
     groups = kv_cache_groups(cfg, block_size, kv_dtype, tp)
     page = groups[0].page_bytes * max(g.num_layers for g in groups)
-    num_blocks = kv_memory_bytes // page
+    num_blocks = max(kv_memory_bytes // page, 0)
     per_request = sum(g.blocks_per_request(max_model_len, max_num_batched_tokens) for g in groups)
+    concurrency = num_blocks / per_request
     return KVPool(
         kv_memory_bytes=kv_memory_bytes,
         block_size=block_size,
@@ -237,9 +368,12 @@ def kv_pool(
         groups=tuple(groups),
         page_bytes=page,
         num_blocks=num_blocks,
-        pool_tokens=num_blocks // len(groups) * min(g.block_size for g in groups),
+        pool_tokens=logged_pool_tokens(num_blocks, groups, concurrency, max_model_len,
+                                       vllm_version),
         blocks_per_request=per_request,
-        max_concurrency=num_blocks / per_request,
+        max_concurrency=concurrency,
+        max_num_batched_tokens=max_num_batched_tokens,
+        vllm_version=vllm_version,
     )
 
 
@@ -313,8 +447,10 @@ def kv_memory_range(
 ) -> tuple[int, int]:
     """KV memory ``[low, high)`` in bytes for which vLLM logs ``logged_tokens``.
 
-    Inverts :attr:`KVPool.pool_tokens`: the log rounds down to whole blocks (and
-    whole rounds of groups), so one logged size covers a range of memory.
+    Inverts the whole-block line (:func:`logged_pool_tokens` before 0.20): the log
+    rounds down to whole blocks (and whole rounds of groups), so one logged size covers
+    a range of memory. The current line is the same number for one full-attention
+    group whose ``max_model_len`` is a multiple of the block size.
     """
     groups = kv_cache_groups(cfg, block_size, kv_dtype, tp)
     per_round = min(g.block_size for g in groups)

@@ -10,7 +10,7 @@ The oracle for the byte counts is the cache Hugging Face ``transformers``
 """
 
 from kvlib.specs.attention import ChunkedLocal, FullAttention, SlidingWindow, vllm_group_spec
-from kvlib.specs.base import CacheSpec
+from kvlib.specs.base import CacheSpec, causal_pairs
 from kvlib.specs.latent import (
     DS_MLA_FP8_BYTES_PER_TOKEN,
     INDEXER_FP8_SCALE_BLOCK,
@@ -28,6 +28,7 @@ __all__ = [
     "MLALatent",
     "SharedKV",
     "SlidingWindow",
+    "causal_pairs",
     "vllm_group_spec",
     "DS_MLA_FP8_BYTES_PER_TOKEN",
     "INDEXER_FP8_SCALE_BLOCK",

@@ -12,7 +12,17 @@ from typing import ClassVar
 from kvlib._validate import cdiv, require_int
 from kvlib.dtypes import check_dtype
 
-__all__ = ["CacheSpec"]
+__all__ = ["CacheSpec", "causal_pairs"]
+
+
+def causal_pairs(tokens: int, cap: int | None = None) -> int:
+    """(query, key) pairs a causal layer scores over ``T`` tokens when query ``t``
+    (1-based) sees ``min(t, cap)`` keys: ``T (T + 1) / 2`` uncapped, else
+    ``cap (cap + 1) / 2 + (T - cap) cap``. The one place the sum is written."""
+    t = require_int(tokens, "tokens")
+    if cap is None or cap >= t:
+        return t * (t + 1) // 2
+    return cap * (cap + 1) // 2 + (t - cap) * cap
 
 
 class CacheSpec(ABC):
@@ -74,8 +84,7 @@ class CacheSpec(ABC):
         window of ``W`` keys (itself and the ``W - 1`` the cache keeps) ``min(i, W)``.
         """
         t = require_int(prompt_tokens, "prompt_tokens")
-        window = t if self.cap_tokens is None else min(t, self.cap_tokens + 1)
-        return window * (window + 1) // 2 + (t - window) * window
+        return causal_pairs(t, None if self.cap_tokens is None else self.cap_tokens + 1)
 
     def attention_flops_per_pair(self, num_heads: int, head_dim: int) -> int:
         """FLOPs of one (query, key) pair over all heads: ``H x 2 (d_k + d_v)`` (QK^T, AV)."""

@@ -9,7 +9,14 @@ from kvlib._validate import cdiv
 from kvlib.dtypes import bytes_for, check_dtype
 from kvlib.specs.base import CacheSpec
 
-__all__ = ["DS_MLA_FP8_BYTES_PER_TOKEN", "INDEXER_FP8_SCALE_BLOCK", "DecompressedMLA", "MLALatent"]
+__all__ = [
+    "DS_MLA_FP8_BYTES_PER_TOKEN",
+    "INDEXER_FP8_SCALE_BLOCK",
+    "DecompressedMLA",
+    "MLALatent",
+    "absorbed_flops_per_key",
+    "naive_flops_per_key",
+]
 
 # vLLM's "fp8_ds_mla" entry (vllm/v1/kv_cache_interface.py, MLAAttentionSpec:
 # ``block_size * 656``; layout in vllm/v1/attention/backends/mla/flashmla_sparse.py):
@@ -19,6 +26,24 @@ DS_MLA_FP8_BYTES_PER_TOKEN = 512 * 1 + 4 * 4 + 64 * 2
 # values (vllm/model_executor/models/deepseek_v2.py, DeepseekV32IndexerCache:
 # ``head_dim + head_dim // quant_block_size * 4``, 132 B for 128-wide keys).
 INDEXER_FP8_SCALE_BLOCK = 128
+
+
+def absorbed_flops_per_key(num_heads: int, kv_lora_rank: int, qk_rope_head_dim: int) -> int:
+    """FLOPs one query spends on one cached latent on MLA's absorbed path:
+    ``2 H (2 d_c + d_r)``: for each of the ``H`` heads, a dot product with a key of
+    ``d_c + d_r`` (the latent and the rotary key) and a value of ``d_c`` weighted into
+    the output (``W_UK`` folded into the query and ``W_UV`` into the output, as
+    ``vllm/v1/attention/backends/mla/common.py`` runs MQA over the latent; counted
+    against :mod:`kvlib.nn.mla` with ``FlopCounterMode``)."""
+    return 2 * num_heads * (2 * kv_lora_rank + qk_rope_head_dim)
+
+
+def naive_flops_per_key(
+    num_heads: int, qk_nope_head_dim: int, qk_rope_head_dim: int, v_head_dim: int
+) -> int:
+    """FLOPs one query spends on one decompressed key and value on MLA's naive path:
+    ``2 H (d_n + d_r + d_v)`` (keys of ``d_n + d_r``, values of ``d_v``, each head)."""
+    return 2 * num_heads * (qk_nope_head_dim + qk_rope_head_dim + v_head_dim)
 
 
 @dataclass(frozen=True)
@@ -81,36 +106,42 @@ class MLALatent(CacheSpec):
         return super().attention_pairs(prompt_tokens)
 
     def attention_flops_per_pair(self, num_heads: int, head_dim: int) -> int:
-        """Prefill runs on decompressed heads (vLLM's MLA prefill): keys of
-        ``qk_nope + qk_rope`` and values of ``v_head_dim``, for this layer's heads."""
-        key_dim = self.qk_nope_head_dim + self.qk_rope_head_dim
-        return self.num_heads * 2 * (key_dim + self.v_head_dim)
+        """Prefill runs on decompressed heads (vLLM's MLA prefill):
+        :func:`naive_flops_per_key` for this layer's own heads (the arguments, which
+        size a layer of standard heads, do not apply)."""
+        return naive_flops_per_key(
+            self.num_heads, self.qk_nope_head_dim, self.qk_rope_head_dim, self.v_head_dim
+        )
 
     def decode_flops_per_key(self, num_heads: int, head_dim: int) -> int:
         """Decode runs the absorbed path, queries meeting the latent itself:
-        ``H x 2 (2 r + d_rope)`` a key (``r`` the ``kv_lora_rank``)."""
-        return self.num_heads * 2 * (2 * self.kv_lora_rank + self.qk_rope_head_dim)
+        :func:`absorbed_flops_per_key` for this layer's own heads (the arguments do
+        not apply)."""
+        return absorbed_flops_per_key(self.num_heads, self.kv_lora_rank, self.qk_rope_head_dim)
 
     def decompressed(self) -> DecompressedMLA:
         """Per-head keys (nope + rope) and values for every query head (transformers 4.x)."""
         return DecompressedMLA(
             num_heads=self.num_heads,
-            key_dim=self.qk_nope_head_dim + self.qk_rope_head_dim,
-            value_dim=self.v_head_dim,
+            qk_head_dim=self.qk_nope_head_dim + self.qk_rope_head_dim,
+            v_head_dim=self.v_head_dim,
             extra_dim=self.indexer_head_dim,
         )
 
 
 @dataclass(frozen=True)
 class DecompressedMLA(CacheSpec):
-    """An MLA layer whose per-head keys and values are kept decompressed."""
+    """An MLA layer whose per-head keys and values are kept decompressed: keys of
+    ``qk_head_dim = qk_nope_head_dim + qk_rope_head_dim`` and values of ``v_head_dim``
+    (the names of :class:`kvlib.config.MLAShape` and of DeepSeek's config)."""
 
     num_heads: int
-    key_dim: int
-    value_dim: int
+    qk_head_dim: int
+    v_head_dim: int
     extra_dim: int = 0
     kind: ClassVar[str] = "mla-decompressed"
 
     def bytes_per_token(self, dtype: str) -> int:
-        """``H x (d_k + d_v) x b`` plus the indexer's keys."""
-        return bytes_for(self.num_heads * (self.key_dim + self.value_dim) + self.extra_dim, dtype)
+        """``H x (d_qk + d_v) x b`` plus the indexer's keys."""
+        per_token = self.num_heads * (self.qk_head_dim + self.v_head_dim) + self.extra_dim
+        return bytes_for(per_token, dtype)

@@ -7,8 +7,9 @@ importing ``kvlib.timing`` costs nothing until something is timed.
 
 ``bench(fn, device="cuda")`` times ``fn`` the way ``triton.testing.do_bench``
 does (triton ``python/triton/testing.py``): every repetition bracketed by a pair
-of CUDA events, after writing a buffer larger than the L2 cache so each starts
-cold; one ``synchronize`` after the loop. ``device="cpu"`` runs the same loop
+of CUDA events, after a flush of ``max(4 x L2, 256 MiB)``
+(:func:`~kvlib.timing.devices.cold_cache_bytes`) so each starts cold; one
+``synchronize`` after the loop. ``device="cpu"`` runs the same loop
 with ``time.perf_counter_ns`` stamps and a buffer larger than the last-level
 cache, and is labelled ``cpu``: it can never pass for a GPU time.
 
@@ -19,9 +20,11 @@ What the numbers mean:
   inside the interval: launch overhead is measured, not hidden. A cold run's
   flush kernel keeps the GPU busy while the host records and launches, so the
   start event fires just before ``fn``'s first kernel.
-- Writing the flush buffer leaves up to one L2 of dirty lines, written back
-  while ``fn`` runs (as in ``do_bench``): a bias of at most L2 bytes of traffic,
-  small for inputs many times the L2.
+- The flush reads its buffer (``flush="read"``, the default): the lines ``fn``
+  left dirty are written back during the flush, outside the timed span, and
+  the L2 then holds only clean lines of the buffer. ``do_bench`` writes its
+  buffer instead (``flush="write"``), which leaves up to one L2 of dirty lines
+  to be written back while ``fn`` runs: a bias of up to one L2 of traffic.
 - ``fn`` must run on the current stream; work on other streams is not timed.
 """
 
@@ -90,7 +93,7 @@ class TimingResult:
 
     ``device`` is ``"cpu"`` or ``"cuda:N"``; ``clock`` is ``"cuda-events"`` or
     ``"perf_counter_ns"``; ``cache`` is ``"cold"`` (a ``flush_bytes`` buffer
-    written before every repetition) or ``"warm"``.
+    read, or written, before every repetition: ``flush``) or ``"warm"``.
     """
 
     device: str
@@ -102,6 +105,7 @@ class TimingResult:
     reps: int
     resolution_s: float
     times_s: tuple[float, ...]
+    flush: str = "read"
 
     @property
     def median_s(self) -> float:
@@ -227,6 +231,20 @@ def _timed(
     return [clock.seconds(s, e) for s, e in zip(starts, ends, strict=True)]
 
 
+def _flush(size: int, kind: str, device: Any) -> Callable[[], object]:
+    """A flush of ``size`` bytes: sum a clean float32 buffer ("read") or zero it ("write").
+
+    The buffer is written once here, so a read flush finds it clean: what the
+    timed function left dirty is written back while the flush runs, untimed.
+    """
+    import torch
+
+    if kind == "write":
+        return torch.empty(size, dtype=torch.uint8, device=device).zero_
+    buffer = torch.zeros(max(1, size // 4), dtype=torch.float32, device=device)
+    return buffer.sum
+
+
 def bench(
     fn: Callable[[], object],
     *,
@@ -237,18 +255,18 @@ def bench(
     min_reps: int = 5,
     max_reps: int = 10_000,
     flush_bytes: int | None = None,
+    flush: str = "read",
 ) -> TimingResult:
     """Time ``fn()`` on ``device`` ("cpu", "cuda", "cuda:1"), repeating it for ``rep_s`` seconds.
 
     The counts are set by time, as in ``triton.testing.do_bench(warmup=25,
     rep=100)`` (milliseconds): five calls estimate one cycle (flush and call),
     then ``warmup_s / cycle`` untimed and ``rep_s / cycle`` timed repetitions
-    run (at least ``min_reps``, at most ``max_reps``). ``cache="cold"`` writes
-    ``flush_bytes`` (default :func:`~kvlib.timing.devices.cache_flush_bytes`)
-    before every repetition, outside the timed span.
+    run (at least ``min_reps``, at most ``max_reps``). ``cache="cold"`` reads
+    (``flush="read"``) or writes (``flush="write"``, as ``do_bench``) a buffer of
+    ``flush_bytes`` (default :func:`~kvlib.timing.devices.cache_flush_bytes`,
+    ``max(4 x L2, 256 MiB)``) before every repetition, outside the timed span.
     """
-    import torch
-
     if not callable(fn):
         raise TypeError(f"fn must be a callable taking no arguments, got {type(fn).__name__}")
     if cache not in ("cold", "warm"):
@@ -257,27 +275,30 @@ def bench(
     if not (isinstance(warmup_s, int | float) and math.isfinite(warmup_s) and warmup_s >= 0):
         raise ValueError(f"warmup_s must be a number of seconds >= 0, got {warmup_s!r}")
     require_positive(rep_s, "rep_s")
+    if flush not in ("read", "write"):
+        raise ValueError(f"flush must be 'read' (sum a clean buffer) or 'write' (zero it, as "
+                         f"do_bench), got {flush!r}")
     if not 1 <= min_reps <= max_reps:
         raise ValueError(f"need 1 <= min_reps <= max_reps, got {min_reps} and {max_reps}")
     resolved = resolve_device(device)
     clock = _CudaClock(resolved) if resolved.type == "cuda" else _Clock(resolved)
-    flush: Callable[[], object] = lambda: None  # noqa: E731 - a no-op for a warm cache
+    flush_fn: Callable[[], object] = lambda: None  # noqa: E731 - a no-op for a warm cache
     size = 0
     if cache == "cold":
         size = cache_flush_bytes(device) if flush_bytes is None else flush_bytes
         if not is_int(size) or size < 1:
             raise ValueError(f"flush_bytes must be a positive int number of bytes, got {size!r}")
-        flush = torch.empty(size, dtype=torch.uint8, device=resolved).zero_
+        flush_fn = _flush(size, flush, resolved)
     fn()  # first call: compilation, allocation, lazy initialisation; not timed
     clock.sync()
     # One cycle (flush and call) by the host's wall clock, which counts for either device.
     started = time.perf_counter()
-    _timed(clock, fn, flush, _ESTIMATE_RUNS)
+    _timed(clock, fn, flush_fn, _ESTIMATE_RUNS)
     cycle_s = max((time.perf_counter() - started) / _ESTIMATE_RUNS, 1e-9)
     warmup = max(1, min(max_reps, math.ceil(warmup_s / cycle_s)))
     reps = max(min_reps, min(max_reps, math.ceil(rep_s / cycle_s)))
     for _ in range(warmup):
-        flush()
+        flush_fn()
         fn()
     clock.sync()
     return TimingResult(
@@ -289,7 +310,8 @@ def bench(
         warmup_reps=warmup,
         reps=reps,
         resolution_s=clock.resolution_s,
-        times_s=tuple(_timed(clock, fn, flush, reps)),
+        times_s=tuple(_timed(clock, fn, flush_fn, reps)),
+        flush=flush,
     )
 
 

@@ -22,10 +22,12 @@ from kvlib.hardware import gpu_from_torch_name
 from kvlib.units import KiB, MiB
 
 __all__ = [
+    "COLD_CACHE_FACTOR",
     "FALLBACK_FLUSH_BYTES",
     "THROTTLE_REASONS",
     "cache_flush_bytes",
     "clock_reader",
+    "cold_cache_bytes",
     "cpu_cache_bytes",
     "cpu_model_name",
     "cuda_device_facts",
@@ -44,6 +46,10 @@ __all__ = [
 # 256 MiB (``cache_size = 256 * 1024 * 1024`` in the NVIDIA driver's
 # ``get_empty_cache_for_benchmark``; releases before it used ``int(256e6)`` bytes).
 FALLBACK_FLUSH_BYTES = 256 * MiB
+# A cold measurement moves, and a flush reads, at least this many last-level caches: a GPU's
+# L2 is split into partitions and neither it nor a CPU's set-associative cache evicts in
+# strict least-recently-used order, so one cache's worth of traffic can leave lines behind.
+COLD_CACHE_FACTOR = 4
 
 
 def default_device() -> str:
@@ -129,17 +135,30 @@ def gpu_l2_bytes(device: str = "cuda") -> int | None:
         return None
 
 
-def cache_flush_bytes(device: str = "cpu") -> int:
-    """Bytes to write before each cold repetition: twice the last cache before memory.
+def cold_cache_bytes(cache_bytes: int | None, floor_bytes: int = FALLBACK_FLUSH_BYTES) -> int:
+    """The one cold-cache rule: ``max(4 x cache, floor)``, the floor do_bench's 256 MiB.
 
-    Twice, because neither cache evicts in strict least-recently-used order
-    (a GPU's L2 is split into partitions, CPU caches are set-associative), so a
-    buffer of exactly the cache's size can leave lines of the timed data
-    behind. :data:`FALLBACK_FLUSH_BYTES` when the size is unknown.
+    Both the harness's flush and the GPU check's smallest timed traffic use it, so
+    a "cold" time means the same everywhere: an H100 SXM (50 MiB of L2) and an H200
+    (60 MiB) both get 256 MiB, a B200 (126 MiB) 504 MiB. An unknown cache gets the
+    floor. ``floor_bytes=0`` leaves the bare 4 x cache (the check's CPU rehearsal,
+    whose "L2" is a stand-in of a few hundred KiB).
     """
+    if cache_bytes is not None and (not is_int(cache_bytes) or cache_bytes < 1):
+        raise ValueError(f"cache_bytes must be a positive int or None, got {cache_bytes!r}")
+    if not is_int(floor_bytes) or floor_bytes < 0:
+        raise ValueError(f"floor_bytes must be an int >= 0, got {floor_bytes!r}")
+    if cache_bytes is None:
+        return max(floor_bytes, FALLBACK_FLUSH_BYTES)
+    return max(COLD_CACHE_FACTOR * cache_bytes, floor_bytes)
+
+
+def cache_flush_bytes(device: str = "cpu") -> int:
+    """Bytes a cold repetition's flush reads: :func:`cold_cache_bytes` of the last cache
+    before memory (the GPU's L2, the CPU's last level)."""
     resolved = resolve_device(device)
     cache = gpu_l2_bytes(str(resolved)) if resolved.type == "cuda" else cpu_cache_bytes()
-    return FALLBACK_FLUSH_BYTES if cache is None else 2 * cache
+    return cold_cache_bytes(cache)
 
 
 # What nvidia-smi reports about a GPU's state: clocks in MHz, watts, degrees C.

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 from kvlib._validate import require_int, require_positive
 from kvlib.hardware import GPUSpec
+from kvlib.step import step_time_from_counts
 
 __all__ = [
     "Machine",
@@ -218,13 +219,20 @@ def decode_step_s_per_operation(
     ``2 H / (H_kv b)`` FLOPs per byte at any batch (:func:`decode_attention_flops` over
     :func:`decode_attention_bytes`), far below any GPU's ridge, so its term is its bytes.
     The form of the scaling book's inference chapter (Austin et al., "How to Scale Your
-    Model", 2025, "All about Transformer Inference").
+    Model", 2025, "All about Transformer Inference"). The step model
+    (:func:`kvlib.step.step_time_from_counts`) computes it, at the machine's full peak.
     """
     require_int(kv_bytes_per_sequence, "kv_bytes_per_sequence")
-    matmul_flops_ = decode_step_flops(active_params, batch)
     require_int(weight_bytes, "weight_bytes", 1)
-    bw, peak = machine.bandwidth_bytes_per_s, machine.peak_flops_per_s
-    return batch * kv_bytes_per_sequence / bw + max(matmul_flops_ / peak, weight_bytes / bw)
+    step = step_time_from_counts(
+        weight_bytes=weight_bytes,
+        weight_flops=decode_step_flops(active_params, batch),
+        decode_tokens=batch,
+        decode_kv_bytes=batch * kv_bytes_per_sequence,
+        matmul_flops_per_s=machine.peak_flops_per_s,
+        bandwidth_bytes_per_s=machine.bandwidth_bytes_per_s,
+    )
+    return step.total_s
 
 
 def decode_step_s_merged(

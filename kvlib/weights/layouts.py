@@ -5,7 +5,7 @@ holds (language model, and a vision tower when it ships one): its module name,
 shape and how many copies (layers, experts). Parameter counts and the bytes a
 quantized checkpoint occupies are both read off this list, so they cannot
 disagree. Each family's list is checked against ``sum(p.numel())`` of the model
-transformers 5.23 builds on the meta device (``tests/unit/test_weights_layouts.py``).
+transformers 5.23 builds on the meta device (``tests/reference/test_weights_layouts.py``).
 
 A family kvlib has no layout for raises :class:`UnknownLayout`: a parameter
 count kvlib cannot make exactly is reported as unknown, never guessed.

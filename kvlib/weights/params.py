@@ -1,7 +1,8 @@
 """Parameter counts and weight bytes, from a config, before any byte is downloaded.
 
 Counts are sums over the weight tensors of :func:`kvlib.weights.layouts.weight_groups`
-(checked against the models transformers builds on the meta device). A family
+(checked against the models transformers builds on the meta device), worked out
+once per config by its view (:func:`kvlib.view.model_view`). A family
 whose layout kvlib does not know gets no count: :func:`count_params` reports
 ``None`` with the reason, and :func:`param_count` raises it.
 
@@ -17,10 +18,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from kvlib._validate import cdiv, require_int
-from kvlib.config import ConfigError, ModelConfig
-from kvlib.dtypes import bytes_for, check_dtype
-from kvlib.weights.layouts import UnknownLayout, WeightGroup, weight_groups
-from kvlib.weights.quantized import ShippedWeights, shipped_bytes
+from kvlib.config import ModelConfig
+from kvlib.dtypes import bytes_for
+from kvlib.view import group_bytes, model_view
+from kvlib.weights.layouts import UnknownLayout, WeightGroup
+from kvlib.weights.quantized import ShippedWeights
 
 __all__ = [
     "ParamCount",
@@ -54,7 +56,7 @@ def count_params(cfg: ModelConfig) -> ParamCount:
 
 def param_count(cfg: ModelConfig) -> int:
     """Every parameter a checkpoint holds: embeddings, layers, norms, LM head, towers."""
-    return sum(group.count for group in weight_groups(cfg))
+    return model_view(cfg).param_count
 
 
 def active_param_count(cfg: ModelConfig) -> int:
@@ -66,13 +68,10 @@ def active_param_count(cfg: ModelConfig) -> int:
     runs per image, not per token. Prefill costs about ``2 x active_param_count``
     FLOPs per prompt token. This is the convention of OpenAI's gpt-oss model
     card (gpt-oss-20b: 3.6B active of 21B); Mistral's "12.9B active" for
-    Mixtral also counts the embedding table.
+    Mixtral also counts the embedding table. The matrices alone (norms and
+    biases left out) are :func:`kvlib.bounds.matmul_params`.
     """
-    text = [g for g in weight_groups(cfg) if g.part == "text"]
-    active = sum(g.active_count for g in text if g.role != "embedding")
-    if cfg.tie_word_embeddings:
-        active += (cfg.vocab_size or 0) * cfg.hidden_size  # the LM head multiplies by it
-    return active
+    return model_view(cfg).active_param_count
 
 
 def weight_bytes(
@@ -88,60 +87,35 @@ def weight_bytes(
     """
     if weight_dtype is None and group_size is not None:
         raise ValueError("group_size applies to a chosen weight_dtype, not to as-shipped")
-    total = group_weight_bytes(cfg, weight_groups(cfg), weight_dtype)
+    total = model_view(cfg).weights(weight_dtype).all
     if group_size is not None:
         require_int(group_size, "group_size", 1)
         total += bytes_for(cdiv(param_count(cfg), group_size), scale_dtype)
     return total
 
 
-def _as_shipped(cfg: ModelConfig, groups: Sequence[WeightGroup]) -> ShippedWeights:
-    base = check_dtype(cfg.dtype or "bf16")
-    if cfg.quantization is None:
-        return ShippedWeights(bytes_for(sum(g.count for g in groups), base), base)
-    return shipped_bytes(groups, cfg.quantization, base)
-
-
 def shipped_weights(cfg: ModelConfig) -> ShippedWeights:
     """Bytes of the weights as shipped: ``quantization_config`` first, then ``torch_dtype``
     (bf16 when the file gives none) for the tensors the format leaves alone."""
-    try:
-        groups = weight_groups(cfg)
-    except UnknownLayout as err:
-        return ShippedWeights(None, "unknown", str(err))
-    return _as_shipped(cfg, groups)
+    return model_view(cfg).shipped()
 
 
 def group_weight_bytes(
     cfg: ModelConfig, groups: Sequence[WeightGroup], weight_dtype: str | None
 ) -> int:
     """Bytes of some of a model's tensors, at ``weight_dtype`` or as shipped (None)."""
-    if weight_dtype is not None:
-        return bytes_for(sum(g.count for g in groups), weight_dtype)
-    shipped = _as_shipped(cfg, groups)
-    if shipped.bytes is None:
-        raise ConfigError(shipped.note)
-    return shipped.bytes
+    return group_bytes(cfg, groups, weight_dtype)
 
 
 def expert_weight_bytes(cfg: ModelConfig, weight_dtype: str | None = "bf16") -> int:
     """Bytes of the routed experts alone (0 for a dense model), at ``weight_dtype`` or as
     shipped (None): the part of the weights a decode step reads only for the experts
     its tokens are routed to."""
-    return group_weight_bytes(
-        cfg, [g for g in weight_groups(cfg) if g.copies_per_layer > 1], weight_dtype
-    )
+    return model_view(cfg).weights(weight_dtype).experts
 
 
 def unread_weight_bytes(cfg: ModelConfig, weight_dtype: str | None = "bf16") -> int:
     """Bytes a text decode step does not read: the input (and position) embedding
     tables, of which it looks up one row a token, unless the token table is also the LM
     head (tied); and any vision tower, which runs once per image."""
-    groups = weight_groups(cfg)
-    unread = [g for g in groups if g.part == "vision" or g.role == "embedding"]
-    if cfg.tie_word_embeddings:
-        table = (cfg.vocab_size or 0, cfg.hidden_size)
-        tied = next((g for g in unread if g.role == "embedding" and g.shape == table), None)
-        if tied is not None:
-            unread.remove(tied)
-    return group_weight_bytes(cfg, unread, weight_dtype)
+    return model_view(cfg).weights(weight_dtype).unread

@@ -1,4 +1,5 @@
-"""Chapter 3: MLA caches, reductions, seats under tensor parallelism, the absorbed path.
+"""Chapter 3: MLA caches, reductions, seats under tensor parallelism, the absorbed path,
+the decompress-or-absorb crossover and TP versus DP attention.
 Every answer is written on the student's own numbers ``N``."""
 
 ASSIGNMENT = "03_mla"
@@ -28,5 +29,17 @@ WRONG = {
     "sparse_query_mib": (
         "sparse_query_mib = N.layers * min(N.top_k, N.context_tokens) * 656 / MiB",
         "left out the indexer keys",
+    ),
+    "crossover_tokens": (
+        "low_rank = N.kv_lora_rank * (N.nope_dim + N.v_dim)\n"
+        "wider = 2 * N.kv_lora_rank - N.nope_dim - N.v_dim\n"
+        "crossover_tokens = N.context_tokens * low_rank // (low_rank + N.context_tokens * wider)",
+        "one more",
+    ),
+    "dp_seats_gained": (
+        "per_sequence = N.context_tokens * N.layers * (N.kv_lora_rank + N.rope_dim) * 2\n"
+        "free = N.budget_gib * GiB - (N.dense_gib + N.expert_gib) * GiB // N.gpus\n"
+        "dp_seats_gained = N.gpus * (free // per_sequence) - free // per_sequence",
+        "whole copy",
     ),
 }

@@ -7,13 +7,10 @@ WRONG = {
         "weights_gb = N.params * N.bits / 8 / GB",
         "left out the scales",
     ),
-    "seats": (
-        "params, layers, kv_heads, head_dim = N.model\n"
-        "usable = N.util * N.card[1] * 10**6\n"
-        "weights = params * N.weight_bits / 8\n"
-        "per_seat = 2 * layers * kv_heads * head_dim * N.kv_bytes * N.context\n"
-        "seats = math.floor((usable - weights) / per_seat)",
-        "1 MiB is 2^20 bytes",
+    "clip_limit": (
+        "vllm = 200 if N.tensor == 'keys' else 100\n"
+        "clip_limit = N.calib_max / (448 if N.rule == 'llm-compressor' else vllm)",
+        "gave the scale",
     ),
     "tokens_per_s": (
         "params, kv_bytes_per_token = N.model\n"

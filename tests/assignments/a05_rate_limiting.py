@@ -28,12 +28,15 @@ WRONG = {
         "share_over_old_p95 = math.exp(-(slots * 7 // 10 / service_s - paid) * old_p95)",
         "leaves out C",
     ),
-    "p95_end_to_end_s": (
+    "p95_queue_wait_s": (
         "from kvlib.serving.queueing import mmc\n"
-        "seat = context_tokens * kv_kib_per_token * 1024\n"
+        "seat = (prompt_tokens + output_tokens) * kv_kib_per_token * 1024\n"
         "c = min(max_num_seqs, free_gib * 1024**3 // seat)\n"
-        "service = output_tokens * weights_gb * 10**9 / (bandwidth_tb_s * 10**12)\n"
-        "p95_end_to_end_s = mmc(arrivals_per_minute / 60, service, c).p95_wait_s",
-        "reads every running request's cache",
+        "bw = bandwidth_tb_s * 10**12\n"
+        "flop_s = 2 * params_b * 10**9 / (mfu * peak_tflops * 10**12)\n"
+        "matmuls = max(weights_gb * 10**9 / bw, c * flop_s)\n"
+        "step = matmuls + c * seat / bw\n"
+        "p95_queue_wait_s = mmc(arrivals_per_minute / 60, output_tokens * step, c).p95_wait_s",
+        "prefill is charged",
     ),
 }

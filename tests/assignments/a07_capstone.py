@@ -10,14 +10,14 @@ WRONG = {
         "how many more than before",
     ),
     "fp8_seats": (
-        "gpu, memory_mib, layers, heads, kv_heads, head_dim, params_billion = N.setup\n"
-        "pool = memory_mib * MiB * 9 // 10 - params_billion * 10**9 - N.runtime_gib * GiB\n"
+        "gpu, layers, heads, kv_heads, head_dim, params_billion = N.setup\n"
+        "pool = math.ceil(total_bytes * 0.92) - params_billion * 10**9 - N.runtime_gib * GiB\n"
         "fp8_seats = pool // (N.context * 2 * layers * kv_heads * head_dim)",
         "quantizes only the cache",
     ),
     "tp_gpus": (
-        "layers, heads, kv_heads, head_dim, params_billion, gpu_mib, sequences, context = N.case\n"
-        "budget = gpu_mib * MiB * 9 // 10 - 2 * GiB\n"
+        "layers, heads, kv_heads, head_dim, params_billion, gpu, sequences, context = N.case\n"
+        "budget = math.ceil(total_bytes * 0.92) - 2 * GiB\n"
         "tp_gpus = next(tp for tp in (1, 2, 4, 8) if 2 * params_billion * 10**9 / tp <= budget)",
         "weights alone",
     ),
@@ -45,5 +45,15 @@ WRONG = {
     "first_token_step": (
         "first_token_step = math.ceil(N.prompt / (N.budget - N.decoding)) + 1",
         "not the step after it",
+    ),
+    "step_ms": (
+        "layers, heads, kv_heads, head_dim, params_billion = N.model\n"
+        "f = N.mfu * peak_flops_per_s\n"
+        "weights_s = max(2e9 * params_billion / bandwidth_bytes_per_s,\n"
+        "                2e9 * params_billion * N.decoding / f)\n"
+        "decode_s = N.decoding * N.context * 4 * layers * kv_heads * head_dim"
+        " / bandwidth_bytes_per_s\n"
+        "step_ms = 1e3 * (weights_s + decode_s)",
+        "prefill chunk out",
     ),
 }

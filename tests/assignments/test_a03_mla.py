@@ -14,19 +14,21 @@ import math
 import pytest
 
 from assignments import sweep
-from kvlib.mla import IndexerShape, MLAShape, latent_read_cost
-from kvlib.units import MiB
+from kvlib.mla import IndexerShape, MLAPath, MLAShape, latent_read_cost, mla_step_cost
+from kvlib.units import GiB, MiB
 
 NOTEBOOK = sweep.Notebook("03_mla/mla.ipynb")
 CELLS = NOTEBOOK.cells
 TESTS = NOTEBOOK.tests
-# The challenges enumerated draw by draw here; the first four are exercised through nbgrader
-# by tests/assignments/test_assignments.py.
-ENUMERATED = ["sparse_query_mib"]
+# The challenges enumerated draw by draw here; the first four are also enumerated by
+# tests/unit/test_mla.py, and all are exercised through nbgrader by
+# tests/assignments/test_assignments.py.
+ENUMERATED = ["sparse_query_mib", "crossover_tokens", "dp_seats_gained"]
 UNITS = NOTEBOOK.units
+PATHS: tuple[MLAPath, ...] = ("naive", "absorbed")
 
 
-def test_five_challenges_worth_ten_points() -> None:
+def test_seven_challenges_worth_fourteen_points() -> None:
     points = NOTEBOOK.points
     assert TESTS == [
         "latent_bytes",
@@ -34,8 +36,10 @@ def test_five_challenges_worth_ten_points() -> None:
         "seats_gained",
         "absorbed_flops",
         "sparse_query_mib",
+        "crossover_tokens",
+        "dp_seats_gained",
     ]
-    assert sum(points) == 10
+    assert sum(points) == 14
 
 
 @pytest.mark.parametrize("grade_id", ENUMERATED)
@@ -69,3 +73,43 @@ def test_the_sparse_query_is_what_latent_read_cost_counts() -> None:
             shape, draw.context_tokens, 656, IndexerShape(64, 128, draw.top_k), 132
         )
         assert math.isclose(draw.layers * cost.bytes_read / MiB, right, rel_tol=1e-12), draw
+
+
+def test_the_crossover_is_where_mla_step_cost_turns_on_every_draw() -> None:
+    """On every draw of challenge 6, kvlib.mla.mla_step_cost (whose FLOPs are counted
+    against torch's FlopCounterMode in tests/unit/test_nn_mla.py) finds the absorbed path
+    no dearer one token below the hidden test's answer and the naive path cheaper at it;
+    the chapter's closed form floor(T d_c (d_n + d_v) / (d_c (d_n + d_v) +
+    T (2 d_c - d_n - d_v))) + 1 gives the same whole number."""
+    for draw, right in NOTEBOOK.right_values("crossover_tokens"):
+        shape = MLAShape(
+            hidden_size=7168,
+            num_heads=draw.heads,
+            kv_lora_rank=draw.kv_lora_rank,
+            qk_rope_head_dim=draw.rope_dim,
+            qk_nope_head_dim=draw.nope_dim,
+            v_head_dim=draw.v_dim,
+            q_lora_rank=1536,
+        )
+
+        tokens = draw.context_tokens
+        at, below = (
+            {p: mla_step_cost(shape, tokens, p, query_tokens=new).flops for p in PATHS}
+            for new in (right, right - 1)
+        )
+        assert at["naive"] < at["absorbed"], draw
+        assert below["naive"] >= below["absorbed"], draw
+        low_rank = draw.kv_lora_rank * (draw.nope_dim + draw.v_dim)
+        wider = 2 * draw.kv_lora_rank - draw.nope_dim - draw.v_dim
+        assert right == tokens * low_rank // (low_rank + tokens * wider) + 1, draw
+
+
+def test_dp_pays_for_its_weight_copies_on_every_draw() -> None:
+    """Challenge 7 charges DP attention its whole copy of the non-expert weights per GPU:
+    on every draw, giving DP tensor parallelism's free memory (the reading that hides the
+    copies) would hold more sequences than the right answer."""
+    for draw, right in NOTEBOOK.right_values("dp_seats_gained"):
+        sequence = draw.context_tokens * draw.layers * (draw.kv_lora_rank + draw.rope_dim) * 2
+        free_tp = draw.budget_gib * GiB - (draw.dense_gib + draw.expert_gib) * GiB // draw.gpus
+        tp_seats = free_tp // sequence
+        assert draw.gpus * tp_seats - tp_seats > right, draw

@@ -10,6 +10,8 @@ hidden test's own, not a copy.
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from assignments import sweep
@@ -40,6 +42,20 @@ def test_the_visible_check_accepts_every_right_answer(grade_id: str) -> None:
     sweep.assert_visible_check_accepts_right_answers(NOTEBOOK, grade_id)
 
 
-def test_five_challenges_worth_thirteen_points() -> None:
+def test_five_challenges_worth_twelve_points() -> None:
     points = NOTEBOOK.points
-    assert len(TESTS) == 5 and sum(points) == 13
+    assert TESTS == ["weights_gb", "clip_limit", "tokens_per_s", "max_error", "kv_seats"]
+    assert sum(points) == 12
+
+
+def test_vllms_warm_up_leaves_headroom_and_llm_compressor_none() -> None:
+    """On every draw of challenge 2, llm-compressor's scale saturates exactly at the
+    calibration maximum, vLLM's at 448 / 200 = 2.24 times it for keys and 4.48 for values."""
+    factor = {
+        ("llm-compressor", "keys"): 1,
+        ("llm-compressor", "values"): 1,
+        ("vLLM warm-up", "keys"): 448 / 200,
+        ("vLLM warm-up", "values"): 448 / 100,
+    }
+    for draw, right in NOTEBOOK.right_values("clip_limit"):
+        assert math.isclose(right, factor[draw.rule, draw.tensor] * draw.calib_max), draw

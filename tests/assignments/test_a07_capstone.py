@@ -17,14 +17,16 @@ from typing import Any
 import pytest
 
 from assignments import sweep
-from kvlib.bounds import kv_bytes_per_gpu
+from kvlib.bounds import kv_bytes_per_gpu, prefill_attention_flops
 from kvlib.capacity.crossover import crossover
 from kvlib.config import load_config
 from kvlib.engine.scheduler import Scheduler, SeqState
+from kvlib.hardware import get_gpu
 from kvlib.paging.table import PagedKVCache
 from kvlib.paging.vllm_pool import kv_pool
 from kvlib.sizing import seats_for_context
-from kvlib.units import GiB, MiB
+from kvlib.step import step_time_from_counts
+from kvlib.units import GiB
 
 NOTEBOOK = sweep.Notebook("07_capstone/capstone.ipynb")
 CELLS = NOTEBOOK.cells
@@ -34,11 +36,11 @@ UNITS = NOTEBOOK.units
 MIN_MISTAKES = {"tp_gpus": 2, "first_token_step": 2}
 
 
-def test_seven_challenges_worth_fourteen_points() -> None:
+def test_eight_challenges_worth_sixteen_points() -> None:
     points = NOTEBOOK.points
     assert TESTS == ["seats_freed", "fp8_seats", "tp_gpus", "still_running", "crossover",
-                     "config_seats", "first_token_step"]
-    assert sum(points) == 14
+                     "config_seats", "first_token_step", "step_ms"]
+    assert sum(points) == 16
 
 
 @pytest.mark.parametrize("grade_id", TESTS)
@@ -77,19 +79,26 @@ def test_seats_freed_is_the_change_in_vllms_maximum_concurrency() -> None:
         assert right == int(after) - int(before), draw
 
 
+def _vllm_budget(gpu: str) -> int:
+    """vLLM's request_memory: ceil(total x 0.92), CUDA's total as the card's row records it
+    to 0.01 GiB (vllm/v1/worker/utils.py), computed here from that reading directly."""
+    hundredths = {"H100-SXM": 7_910, "H200": 13_981}[gpu]
+    return -(-(hundredths * GiB // 100) * 92 // 100)
+
+
 def test_fp8_seats_are_sizings_seats_in_the_pool_left() -> None:
     for draw, right in NOTEBOOK.right_values("fp8_seats"):
-        _, mib, layers, heads, kv_heads, head_dim, params = draw.setup
-        pool = mib * MiB * 9 // 10 - 2 * params * 10**9 - draw.runtime_gib * GiB
+        gpu, layers, heads, kv_heads, head_dim, params = draw.setup
+        pool = _vllm_budget(gpu) - 2 * params * 10**9 - draw.runtime_gib * GiB
         cfg = _config(layers, heads, kv_heads, head_dim)
         assert right == seats_for_context(cfg, pool, draw.context, "fp8"), draw
 
 
-def _tp_fits(case: tuple[int, ...], tp: int) -> bool:
+def _tp_fits(case: tuple[Any, ...], tp: int) -> bool:
     """Whether ``tp`` GPUs hold the case's weights and caches, per kvlib.bounds's KV share."""
-    layers, heads, kv_heads, head_dim, params, gpu_mib, sequences, context = case
+    layers, heads, kv_heads, head_dim, params, gpu, sequences, context = case
     cfg = _config(layers, heads, kv_heads, head_dim)
-    room = gpu_mib * MiB * 9 // 10 - 2 * GiB - 2 * params * 10**9 // tp
+    room = _vllm_budget(str(gpu)) - 2 * GiB - 2 * params * 10**9 // tp
     return bool(room >= sequences * kv_bytes_per_gpu(cfg, context, "bf16", tp))
 
 
@@ -172,3 +181,26 @@ def test_first_token_step_is_what_the_engines_scheduler_does() -> None:
             if any(s.request_id == "long" for s in plan.sampled):
                 break
         assert step == right, draw
+
+
+def test_step_ms_is_the_step_models_time() -> None:
+    """Every draw against kvlib.step (the one place kvlib times a step), from the drawn
+    sizes: weights read once, 2 FLOPs a parameter a token, the decoding caches read, the
+    chunk's causal attention at MFU x the card's dense bf16 peak."""
+    for draw, right in NOTEBOOK.right_values("step_ms"):
+        layers, heads, kv_heads, head_dim, params = draw.model
+        card = get_gpu(draw.gpu)
+        cfg = _config(layers, heads, kv_heads, head_dim)
+        step = step_time_from_counts(
+            weight_bytes=2 * params * 10**9,
+            weight_flops=2 * params * 10**9 * (draw.decoding + draw.chunk),
+            decode_tokens=draw.decoding,
+            decode_kv_bytes=draw.decoding * kv_bytes_per_gpu(cfg, draw.context),
+            prefill_tokens=draw.chunk,
+            prefill_attention_flops=prefill_attention_flops(cfg, draw.chunk),
+            matmul_flops_per_s=card.bf16_dense_flops_per_s,
+            bandwidth_bytes_per_s=card.hbm_bandwidth_bytes_per_s,
+            mfu=draw.mfu,
+        )
+        assert right == pytest.approx(1e3 * step.total_s, rel=1e-12), draw
+        assert step.reachable(), draw

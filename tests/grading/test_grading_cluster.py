@@ -94,6 +94,7 @@ LATE_TIMESTAMP = "2026-03-02 12:00:00.000000 UTC"
 class Cluster:
     scheduler: str
     workers: list[subprocess.Popen[bytes]]
+    process: subprocess.Popen[bytes]  # the scheduler's
 
 
 def _wait_for(predicate: Any, timeout_s: float, what: str) -> None:
@@ -104,9 +105,11 @@ def _wait_for(predicate: Any, timeout_s: float, what: str) -> None:
         time.sleep(0.2)
 
 
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    folder = tmp_path_factory.mktemp("dask")
+@contextlib.contextmanager
+def loopback_cluster(folder: Path, workers: int = 2) -> Iterator[Cluster]:
+    """A ``dask scheduler`` and ``workers`` workers (one thread, no nanny) on 127.0.0.1,
+    logging into ``folder``; stopped (workers first) when the block ends."""
+    folder.mkdir(parents=True, exist_ok=True)
     info = folder / "scheduler.json"
     env = dict(os.environ, PATH=f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}")
     processes: list[subprocess.Popen[bytes]] = []
@@ -124,16 +127,16 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
                   "--no-dashboard", "--scheduler-file", str(info))
             _wait_for(info.exists, 60, "the scheduler")
             address = json.loads(info.read_text())["address"]
-            workers = [
+            started = [
                 start(f"worker{k}", "worker", address, "--nthreads", "1", "--no-nanny",
                       "--no-dashboard", "--name", f"w{k}", "--host", "127.0.0.1")
-                for k in range(2)
+                for k in range(workers)
             ]
             from distributed import Client
 
             with Client(address, timeout=30) as client:
-                client.wait_for_workers(2, timeout=120)
-            yield Cluster(address, workers)
+                client.wait_for_workers(workers, timeout=120)
+            yield Cluster(address, started, processes[0])
         finally:
             for process in reversed(processes):  # workers first, while the scheduler is up
                 process.send_signal(signal.SIGTERM)
@@ -142,6 +145,12 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
                 except subprocess.TimeoutExpired:
                     process.kill()
                     process.wait()
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    with loopback_cluster(tmp_path_factory.mktemp("dask")) as started:
+        yield started
 
 
 def _class_course(folder: Path) -> Path:
@@ -312,6 +321,14 @@ def test_a_worker_killed_mid_batch(cluster: Cluster, tmp_path: Path) -> None:
         assert db.execute("PRAGMA integrity_check").fetchone() == ("ok",)
         graded = db.execute("SELECT COUNT(*) FROM submitted_assignment").fetchone()[0]
     assert graded == len(SCORES)
+    # Run again: nothing is left to do, nothing is graded twice.
+    again = subprocess.run(
+        [sys.executable, "-m", "course.batch", ASSIGNMENT, "--course", str(course),
+         "--scheduler", cluster.scheduler, "--no-feedback"],
+        cwd=course, env=env, capture_output=True, text=True, timeout=600,
+    )
+    assert again.returncode == 0 and again.stdout.count("up to date") == len(SCORES), again
+    assert grades(course) == rows
 
 
 def guide_commands() -> list[str]:
@@ -363,3 +380,62 @@ def test_guide_commands_verbatim(tmp_path: Path) -> None:
     }
     for name in students:
         assert (course / "feedback" / name / ASSIGNMENT / f"{NOTEBOOK}.html").is_file()
+
+
+def _honest_course(folder: Path, students: tuple[str, ...]) -> Path:
+    course, release = new_course(folder, timeout_s=10)
+    for name in students:
+        write(submission(RIGHT, release), submitted(course, name))
+    return course
+
+
+def _graded_once(course: Path, students: tuple[str, ...]) -> None:
+    """Every student once in the gradebook with all its rows, at full marks; grades.csv and
+    the graded folders agree."""
+    from nbgrader.api import Gradebook
+
+    from course.records import missing_rows
+
+    with Gradebook(f"sqlite:///{course / 'gradebook.db'}") as gb:
+        subs = gb.find_assignment(ASSIGNMENT).submissions
+        assert sorted(s.student.id for s in subs) == sorted(students)
+        assert all(missing_rows(s) == [] and s.score == TOTAL for s in subs)
+    assert {s: float(r["score"]) for s, r in grades(course).items()} == dict.fromkeys(
+        students, TOTAL)
+    assert sorted(p.name for p in (course / "autograded").iterdir()) == sorted(students)
+
+
+def test_the_scheduler_killed_mid_batch(tmp_path: Path,
+                                        capsys: pytest.CaptureFixture[str]) -> None:
+    """The scheduler dies while a task runs: ``make grade`` ends with one line saying so;
+    with a scheduler back, the rerun grades what was not recorded, each student once."""
+    students = ("s1", "s2", "s3")
+    course = _honest_course(tmp_path / "course", students)
+    env = dict(os.environ, PATH=f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}")
+    with loopback_cluster(tmp_path / "first", workers=1) as first:
+        batch = subprocess.Popen(
+            [sys.executable, "-m", "course.batch", ASSIGNMENT, "--course", str(course),
+             "--scheduler", first.scheduler, "--no-feedback"],
+            cwd=course, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        )
+        assert batch.stdout is not None
+        seen = ""
+        for line in batch.stdout:
+            seen += line
+            if line.startswith("[1/3]"):
+                break
+        first.process.kill()
+        out, _ = batch.communicate(timeout=600)
+    out = seen + out
+    assert batch.returncode == 1, out
+    gone = [line for line in out.splitlines() if "scheduler" in line and "lost" in line]
+    assert len(gone) == 1 and first.scheduler in gone[0], out
+    assert "Traceback" not in out
+    with loopback_cluster(tmp_path / "second", workers=1) as second:
+        capsys.readouterr()
+        status = make_grade([ASSIGNMENT, "--course", str(course), "--scheduler",
+                             second.scheduler, "--no-feedback"])
+    rerun = capsys.readouterr().out
+    assert status == 0, rerun
+    assert rerun.count("up to date") >= 1  # what the first run recorded is kept
+    _graded_once(course, students)

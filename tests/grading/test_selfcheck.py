@@ -122,7 +122,7 @@ def test_command_without_the_grader_installed(tmp_path: Path) -> None:
     code = (
         "import sys; sys.path = [p for p in sys.path if 'site-packages' not in p]; "
         f"sys.path.insert(0, {str(ROOT)!r}); "
-        "from kvlib.cli import main; sys.exit(main(['grade', 'x.ipynb']))"
+        "from course.grade_command import main; sys.exit(main(['x.ipynb']))"
     )
     out = subprocess.run([sys.executable, "-I", "-S", "-c", code], capture_output=True, text=True)
     assert out.returncode == 2 and out.stdout == ""

@@ -293,6 +293,14 @@ FORM_CASES = [
     ("sliding-mistral-fp32-weights-do-not-fit",
      {"model": "Mistral-7B-v0.1", "weight_dtype": "fp32", "gpu": "L4"},
      ["Mistral-7B-v0.1", "--weight-dtype", "fp32", "--gpu", "L4"]),
+    ("engines-both-llama-h100",
+     {"model": "Llama-3.1-8B", "gpu": "H100-SXM", "engine": "both"},
+     ["Llama-3.1-8B", "--gpu", "H100-SXM", "--engine", "both"]),
+    ("engine-sglang-deepseek-v3-old-vllm",
+     {"model": "DeepSeek-V3", "kv_dtype": "fp8", "kv_memory": "40 GiB", "engine": "sglang",
+      "mem_fraction_static": "0.8", "vllm_version": "0.19.0"},
+     ["DeepSeek-V3", "--kv-dtype", "fp8", "--kv-memory", "40 GiB", "--engine", "sglang",
+      "--mem-fraction-static", "0.8", "--vllm-version", "0.19.0"]),
 ]
 
 

@@ -14,7 +14,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvlib.bounds import decode_bytes_per_gpu, kv_bytes_per_gpu, matmul_params, prefill_flops
+from kvlib.bounds import (
+    decode_bytes_per_gpu,
+    kv_bytes_per_gpu,
+    matmul_params,
+    prefill_flops,
+    weight_bytes_per_gpu,
+)
 from kvlib.capacity.assessment import (
     assess,
     cascade_attention_applies,
@@ -33,7 +39,6 @@ from kvlib.paging.table import PagedKVCache
 from kvlib.paging.vllm_pool import blocks_per_sequence, kv_cache_groups, kv_pool
 from kvlib.sizing import seats_for_context
 from kvlib.units import GiB
-from kvlib.weights.params import weight_bytes
 
 LLAMA8 = load_config("Llama-3.1-8B")
 LLAMA70 = load_config("Llama-3.1-70B")
@@ -56,8 +61,8 @@ def rag(**changes: object) -> Scenario:
 
 
 def kv_memory(s: Scenario) -> int:
-    """``ceil(u x M_CUDA) - W / tp - runtime``, from the GPU row and the weights directly."""
-    weights = -(-weight_bytes(s.model, s.weight_dtype) // s.tp)
+    """``ceil(u x M_CUDA) - W_GPU - runtime``, from the GPU row and the weights on a GPU."""
+    weights = weight_bytes_per_gpu(s.model, s.tp, s.weight_dtype)
     budget = math.ceil(s.gpu.vllm_total_bytes * s.gpu_memory_utilization)  # vLLM: CUDA's total
     return budget - weights - s.runtime_bytes_per_gpu
 
@@ -108,7 +113,7 @@ def test_tensor_parallel_seats_follow_each_gpus_share(tp: int) -> None:
     )
     cap = assess(s)
     memory = kv_memory(s)
-    assert cap.weight_bytes_per_gpu == -(-weight_bytes(LLAMA70, None) // tp)
+    assert cap.weight_bytes_per_gpu == weight_bytes_per_gpu(LLAMA70, tp, None)
     # 3,200 tokens are 200 whole blocks: seats are bytes per GPU over one sequence's share.
     assert cap.seats == memory // kv_bytes_per_gpu(LLAMA70, 3_200, "bf16", tp)
     assert cap.pool.page_bytes == vllm_page(80, 8, 128, "bf16", tp)
@@ -185,27 +190,37 @@ def test_sliding_layers_hold_their_window_in_whole_blocks(name: str, tokens: int
     assert held_blocks(groups, tokens) <= blocks_per_sequence(cfg, tokens)  # vLLM's budget
 
 
-def test_decode_speed_is_the_roofline_of_kvlib_deploys_step() -> None:
+def test_the_step_is_the_mean_mixed_step_by_hand() -> None:
+    """B decodes at the mean context and the prompts of the B / O requests that replace
+    those finishing, each operation on its own roofline, the times added; the pieces from
+    kvlib.bounds, put together here."""
     cap = assess(rag())
     s = cap.scenario
-    step = decode_bytes_per_gpu(LLAMA8, cap.batch, 6_250, "bf16", None, 1)
-    assert cap.step_bytes_per_gpu == step
-    assert cap.limited_by == "KV cache" and cap.batch == cap.seats < s.concurrency
-    assert cap.compute_utilization is not None and cap.compute_utilization < 0.2
-    assert cap.step_s == pytest.approx(step / H100.hbm_bandwidth_bytes_per_s)
-    assert cap.decode_tokens_per_s == pytest.approx(
-        cap.batch * H100.hbm_bandwidth_bytes_per_s / step
-    )
+    b, rate = cap.batch, cap.batch / s.output_tokens
+    assert cap.limited_by == "KV cache" and b == cap.seats < s.concurrency
+    f_eff, bw = s.mfu * H100.bf16_dense_flops_per_s, H100.hbm_bandwidth_bytes_per_s
+    body, head = matmul_params(LLAMA8)
+    prefill = rate * s.prompt_tokens
+    weights = decode_bytes_per_gpu(LLAMA8, b + round(prefill), 0, "bf16", None)
+    gemms = max(weights / bw, 2 * (body * (b + prefill) + head * (b + rate)) / f_eff)
+    decode = b * kv_bytes_per_gpu(LLAMA8, 6_250) / bw
+    pre = prefill_flops(LLAMA8, s.prompt_tokens)
+    attention = max(rate * kv_bytes_per_gpu(LLAMA8, s.prompt_tokens) / bw,
+                    rate * pre.attention / f_eff)
+    assert cap.step.prefill_tokens == round(prefill)
+    assert cap.step_s == pytest.approx(gemms + decode + attention, rel=1e-9)
+    assert cap.tokens_per_s == pytest.approx(b / cap.step_s)
+    assert cap.step.reachable()
 
 
 def test_a_large_batch_of_short_sequences_is_compute_bound() -> None:
     s = Scenario(model=LLAMA8, gpu=H100, prompt_tokens=16, output_tokens=16,
-                 concurrency=4_000, needed_context_tokens=32, max_num_seqs=4_000)
+                 concurrency=5_000, needed_context_tokens=32, max_num_seqs=5_000)
     cap = assess(s)
-    assert cap.compute_utilization == 1.0
-    flops = decode_flops_per_token(LLAMA8, s.decode_context_tokens)
-    assert flops is not None
-    assert cap.step_s == pytest.approx(cap.batch * flops / H100.bf16_dense_flops_per_s)
+    assert cap.bound_by == "compute" and cap.step.weights_bound == "compute"
+    assert compute_share(cap) > 0.95
+    # Each step prefills as many prompt tokens as it decodes: 2 B tokens under the budget.
+    assert cap.limited_by == "token budget" and cap.batch == 8_192 // 2
 
 
 @pytest.mark.parametrize("name", ["Llama-3.1-8B", "Qwen3-8B", "Gemma-2-9B", "gpt-oss-20b"])
@@ -234,8 +249,8 @@ def test_prefill_share_is_the_prompt_tokens_not_cached_token_by_token(
     flops -= 2 * head * (s.prompt_tokens - first - 1)
     expected = cap.tokens_per_s / s.output_tokens * flops / H100.bf16_dense_flops_per_s
     assert prefill_compute_share(cap) == pytest.approx(expected, rel=1e-12)
-    # 6,000-token prompts for 500-token replies: prefill outweighs the decode arithmetic
-    assert prefill_compute_share(cap) > 5 * (cap.compute_utilization or 0)
+    # 6,000-token prompts for 500-token replies: most of the step's arithmetic is prefill
+    assert 0.5 * cap.compute_utilization < prefill_compute_share(cap) < cap.compute_utilization
 
 
 def test_prefill_share_is_spread_over_every_gpu() -> None:
@@ -304,8 +319,8 @@ def test_a_config_without_a_position_limit_needs_max_model_len() -> None:
 def test_replicas_multiply_seats_and_split_the_traffic() -> None:
     one, two = assess(rag()), assess(rag(replicas=2))
     assert two.total_seats == 2 * one.seats and two.scenario.gpus == 2
-    assert two.batch == 64 and two.decode_tokens_per_s == pytest.approx(2 * 64 / two.step_s)
-    assert two.compute_tokens_per_s == pytest.approx(2 * (one.compute_tokens_per_s or 0))
+    assert two.batch == 64 and two.tokens_per_s == pytest.approx(2 * 64 / two.step_s)
+    assert two.full_use_tokens_per_s == pytest.approx(2 * one.full_use_tokens_per_s)
     assert two.pool == one.pool  # each replica's pool is the same
 
 
@@ -316,24 +331,38 @@ def test_runtime_reserve_is_taken_from_the_pool() -> None:
 
 @pytest.mark.parametrize("mfu", [0.3, 0.6, 1.0])
 @pytest.mark.parametrize("prefix_caching", [False, True])
-def test_joint_bound_is_the_lower_of_decode_and_the_arithmetic(
+def test_tokens_per_s_is_the_batch_over_a_reachable_step(
     mfu: float, prefix_caching: bool
 ) -> None:
-    """min(decode bound, O x mfu x F_peak / (prefill FLOPs + O x F_tok)), the FLOPs summed
-    token by token: prefilling token t costs decoding at context t, less its LM head."""
+    """replicas x B / t_step, at a FLOP/s no more than mfu x peak and a bytes/s no more
+    than the bandwidth; the request-level FLOPs (prefill summed token by token: prefilling
+    token t costs decoding at context t, less its LM head) fit in that arithmetic."""
     cap = assess(rag(mfu=mfu, prefix_caching=prefix_caching))
     s = cap.scenario
+    assert cap.tokens_per_s == pytest.approx(cap.batch / cap.step_s)
+    assert cap.step.flops_per_s <= mfu * H100.bf16_dense_flops_per_s * (1 + 1e-9)
+    assert cap.step.hbm_bytes_per_s <= H100.hbm_bandwidth_bytes_per_s * (1 + 1e-9)
     first = cap.shared_blocks * 16
     _, head = matmul_params(LLAMA8)
     prefill = sum(decode_flops_per_token(LLAMA8, t) or 0 for t in range(first, s.prompt_tokens))
     prefill -= 2 * head * (s.prompt_tokens - first - 1)
     decode = s.output_tokens * (decode_flops_per_token(LLAMA8, s.decode_context_tokens) or 0)
-    compute = s.output_tokens * mfu * H100.bf16_dense_flops_per_s / (prefill + decode)
-    assert cap.compute_tokens_per_s == pytest.approx(compute, rel=1e-12)
-    assert cap.tokens_per_s == pytest.approx(min(compute, cap.decode_tokens_per_s))
-    assert cap.bound_by == ("compute" if compute < cap.decode_tokens_per_s else "memory")
+    requests_per_s = cap.tokens_per_s / s.output_tokens
+    assert requests_per_s * (prefill + decode) <= mfu * H100.bf16_dense_flops_per_s * 1.001
     assert cap.tokens_per_s_per_sequence == pytest.approx(cap.tokens_per_s / cap.batch)
-    assert (compute_share(cap) or 0) <= 1 + 1e-12
+    assert compute_share(cap) <= 1 + 1e-12
+    slower = assess(rag(mfu=mfu / 2, prefix_caching=prefix_caching))
+    assert slower.tokens_per_s < cap.tokens_per_s
+
+
+def test_full_use_fills_the_seats_the_engine_admits() -> None:
+    """The rate a cost comparison divides by: every seat busy, whatever the traffic."""
+    quiet = assess(rag(concurrency=8))
+    assert quiet.limited_by == "traffic" and quiet.batch == 8
+    assert quiet.full_use_batch == quiet.seats and quiet.full_use_limited_by == "KV cache"
+    assert quiet.full_use_tokens_per_s > quiet.tokens_per_s
+    capped = assess(rag(concurrency=8, max_num_seqs=16))
+    assert capped.full_use_batch == 16 and capped.full_use_limited_by == "max_num_seqs"
 
 
 def test_a_bad_mfu_names_the_field() -> None:

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from dataclasses import dataclass
 
 import pytest
 
-from kvlib.capacity.symptoms import diagnose_steps
+from kvlib.capacity.symptoms import arithmetic_share, diagnose_steps
 from kvlib.config import load_config
 from kvlib.engine.core import Engine, EngineConfig, Request
 from kvlib.nn.decoder import TinyDecoder, tiny_config
@@ -63,3 +64,24 @@ def test_the_engine_shows_the_signature_only_when_its_pool_is_small() -> None:
     loose = diagnose_steps(roomy.steps, 96, 6)
     assert loose.kv_bound_steps == 0 and loose.preemptions == 0
     assert loose.mean_running > tight.mean_running  # the same cap of 6
+
+
+def test_arithmetic_share_counts_only_the_prompt_tokens_computed() -> None:
+    """The document assistant's own rates with prefix caching on: the hits cost no
+    arithmetic, and counting them overstates the share by the shared prompt's FLOPs."""
+    from kvlib.capacity.assessment import assess, decode_flops_per_token
+    from kvlib.capacity.examples import document_assistant
+
+    cap = assess(dataclasses.replace(document_assistant(), prefix_caching=True))
+    s = cap.scenario
+    requests_per_s = cap.tokens_per_s / s.output_tokens
+    prompt, hits = requests_per_s * s.prompt_tokens, requests_per_s * cap.shared_blocks * 16
+    flops = decode_flops_per_token(s.model, s.decode_context_tokens) or 0
+    peak = s.gpu.bf16_dense_flops_per_s
+    share = arithmetic_share(prompt, hits, cap.tokens_per_s, flops, peak)
+    assert share == pytest.approx((prompt - hits + cap.tokens_per_s) * flops / peak)
+    uncorrected = arithmetic_share(prompt, 0, cap.tokens_per_s, flops, peak)
+    assert uncorrected - share == pytest.approx(hits * flops / peak)
+    assert uncorrected > 1.4 * share  # 1,984 of the 4,000 prompt tokens are hits
+    with pytest.raises(ValueError, match="prefix_cache_hits_per_s"):
+        arithmetic_share(10, 11, 5, flops, peak)

@@ -17,6 +17,7 @@ from kvlib.cli import main
 from kvlib.commands.size import SizeReport
 from kvlib.config import load_config
 from kvlib.hardware import get_gpu
+from kvlib.paging import vllm_pool
 from kvlib.units import GiB
 from kvlib.weights import params
 
@@ -66,7 +67,9 @@ def test_tensor_parallel_deployment(capsys: pytest.CaptureFixture[str]) -> None:
     report = run_json(capsys, "Llama-3.1-70B", "--gpu", "H200", "--tp", "2", "--context", "8192")
     cfg = load_config("Llama-3.1-70B")
     assert report["kv_bytes_per_gpu"] == bounds.kv_bytes_per_gpu(cfg, 8192, tp=2)
-    assert report["weight_bytes_per_gpu"] == -(-params.weight_bytes(cfg) // 2)
+    norms = 2 * (2 * 80 + 1) * 8_192  # kept whole on both GPUs; the rest is split
+    assert report["weight_bytes_per_gpu"] == norms + -(-(params.weight_bytes(cfg) - norms) // 2)
+    assert report["weight_bytes_per_gpu"] == bounds.weight_bytes_per_gpu(cfg, 2)
     assert report["min_gpus"] == 2 and report["valid_tp_degrees"] == [1, 2, 4, 8]
 
 
@@ -82,11 +85,12 @@ def test_kv_memory_reproduces_the_worked_example(
 
 def test_weights_that_do_not_fit(capsys: pytest.CaptureFixture[str]) -> None:
     """vLLM refuses to start ('No available memory for the cache blocks',
-    check_enough_kv_cache_memory): no pool is logged, so none is reported."""
+    check_enough_kv_cache_memory): no pool at all, and no concurrency is logged."""
     report = run_json(capsys, "Llama-3.1-70B", "--gpu", "L4")
     assert report["fits"] is False and report["seats"] == 0
     assert report["decode_tokens_per_s_bound"] is None
     assert report["pool_blocks"] is None and report["max_concurrency"] is None
+    assert report["estimated_max_model_len"] is None
     assert report["page_bytes"] is not None  # the page itself does not depend on memory
     assert not any("GPU KV cache size" in note for note in report["notes"])
     assert any("No available memory for the cache blocks" in note for note in report["notes"])
@@ -105,9 +109,15 @@ def test_a_pool_smaller_than_one_request_is_refused_as_vllm_refuses_it(
     assert fits["max_concurrency"] >= 1 and fits["pool_blocks"] == longest // 16
     assert any("GPU KV cache size" in note for note in fits["notes"])
     over = run_json(capsys, "Llama-3.1-8B", "--gpu", "L4", "--context", str(longest + 1))
-    assert over["pool_blocks"] is None and over["max_concurrency"] is None
-    assert any("vLLM would not start" in note and "To serve at least one request" in note
-               for note in over["notes"])
+    # The pool is known before vLLM's check: kept, with vLLM's message and its estimate.
+    assert over["pool_blocks"] == fits["pool_blocks"] and over["max_concurrency"] is None
+    assert over["estimated_max_model_len"] == longest
+    assert fits["estimated_max_model_len"] is None
+    assert any(
+        "would not start" in note and "To serve at least one request" in note
+        and f"the estimated maximum model length is {longest}." in note
+        for note in over["notes"]
+    )
     # Where not one sequence fits, even counted to the byte, no decode step runs: no bound.
     long = run_json(capsys, "Llama-3.1-8B", "--gpu", "L4", "--context", str(8 * longest))
     assert long["seats"] == 0 and long["decode_tokens_per_s_bound"] is None
@@ -182,6 +192,8 @@ def test_human_table(capsys: pytest.CaptureFixture[str]) -> None:
         (["Llama-3.1-8B", "--batch", "0"], "--batch"),
         (["Llama-3.1-8B", "--gpu", "V100"], "V100"),
         (["Falcon-7B", "--gpu", "L4", "--tp", "2"], "tp=2"),
+        (["Llama-3.1-8B", "--vllm-version", "latest"], "--vllm-version"),
+        (["Llama-3.1-8B", "--tp", str(10**12)], "more GPUs than the 32 attention heads"),
         (["Llama-3.1-8B", "--kv-memory", "nine gigs"], "--kv-memory"),
         (["Llama-3.1-8B", "--gpu", "H100", "--gpu-memory-utilization", "1.5"], "utilization"),
     ],
@@ -226,6 +238,18 @@ def test_pool_is_what_vllm_would_log(capsys: pytest.CaptureFixture[str]) -> None
     assert small["page_bytes"] == 2 * report["page_bytes"] and small["pool_blocks"] is None
 
 
+def test_vllm_version_picks_the_start_up_line(capsys: pytest.CaptureFixture[str]) -> None:
+    """gpt-oss-20b, 40 GiB, 131,072 tokens: 873,808 on 0.19, 1,643,116 since (vLLM
+    PRs #38364, #40694); the release is in the JSON beside the figures it decides."""
+    args = ("gpt-oss-20b", "--kv-memory", "40 GiB", "--context", "131072")
+    now = run_json(capsys, *args)
+    old = run_json(capsys, *args, "--vllm-version", "0.19.0")
+    assert (old["pool_tokens"], now["pool_tokens"]) == (873_808, 1_643_116)
+    assert now["vllm_version"] == vllm_pool.DEFAULT_VLLM_VERSION
+    assert old["vllm_version"] == "0.19.0" and old["pool_blocks"] == now["pool_blocks"]
+    assert any("GPU KV cache size: 1,643,116 tokens" in n for n in now["notes"])
+
+
 def test_linear_attention_pool_is_not_modelled_and_says_so(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -243,3 +267,75 @@ def test_linear_attention_pool_is_not_modelled_and_says_so(
     report = run_json(capsys, str(config), "--kv-memory", "1 GiB")
     assert report["page_bytes"] is None and report["seats"] is not None
     assert any("linear attention" in note for note in report["notes"])
+
+
+def test_sglang_pool_in_kv_memory(capsys: pytest.CaptureFixture[str]) -> None:
+    """--engine sglang: the cell and pool of kvlib.paging.sglang_pool, the lines SGLang
+    logs; an MLA pool has one KV buffer, so K and V are null."""
+    from kvlib.paging import sglang_pool
+
+    report = run_json(capsys, "DeepSeek-V3", "--kv-memory", "40 GiB", "--kv-dtype", "fp8",
+                      "--engine", "sglang")
+    s = report["sglang"]
+    cell = 576 * 61
+    assert report["engine"] == "sglang" and s["cell_size_bytes"] == cell
+    assert s["max_total_num_tokens"] == 40 * GiB // cell
+    assert s["k_size_bytes"] is None and s["v_size_bytes"] is None
+    assert s["kv_size_bytes"] == (s["max_total_num_tokens"] + 1) * cell
+    pool = sglang_pool.sglang_pool(load_config("DeepSeek-V3"), 40 * GiB, kv_dtype="fp8")
+    assert s["startup_lines"] == list(pool.startup_lines)
+    assert not any("vLLM" in note for note in report["notes"])
+
+
+def test_sglang_pool_on_a_gpu_uses_its_fraction(capsys: pytest.CaptureFixture[str]) -> None:
+    from kvlib.paging import sglang_pool
+
+    h100 = get_gpu("H100-SXM")
+    mine = run_json(capsys, "Llama-3.1-8B", "--gpu", "H100-SXM", "--engine", "sglang")
+    s = mine["sglang"]
+    fraction = sglang_pool.default_mem_fraction_static(h100.vllm_total_bytes, 1)
+    rest = int(h100.vllm_total_bytes * fraction) - mine["weight_bytes_per_gpu"]
+    assert s["mem_fraction_static"] == fraction and s["rest_memory_bytes"] == rest
+    assert s["max_total_num_tokens"] == rest // (8 * 256 * 32 * 2)
+    assert s["k_size_bytes"] == s["v_size_bytes"] and s["kv_size_bytes"] is None
+    given = run_json(capsys, "Llama-3.1-8B", "--gpu", "H100-SXM", "--engine", "sglang",
+                     "--mem-fraction-static", "0.7", "--page-size", "64")
+    assert given["sglang"]["mem_fraction_static"] == 0.7
+    assert given["sglang"]["max_total_num_tokens"] % 64 == 0
+    assert given["sglang"]["max_total_num_tokens"] < s["max_total_num_tokens"]
+
+
+def test_both_engines_side_by_side(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["size", "Qwen3-8B", "--gpu", "H100-SXM", "--engine", "both"]) == 0
+    table = capsys.readouterr().out
+    assert "pool (vLLM)" in table and "pool (SGLang)" in table
+    assert "KV Cache is allocated. #tokens: " in table and "GPU KV cache size" in table
+    assert "share: vLLM gives the cache" in table and "granularity: vLLM counts whole" in table
+    vllm_only = run_json(capsys, "Qwen3-8B", "--gpu", "H100-SXM")
+    assert vllm_only["engine"] == "vllm" and vllm_only["sglang"] is None
+
+
+def test_sglang_without_a_page_of_memory_would_not_start(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    report = run_json(capsys, "Llama-3.1-8B", "--kv-memory", "1 GiB", "--engine", "sglang",
+                      "--page-size", str(2**20))
+    assert report["sglang"]["max_total_num_tokens"] == 0
+    assert report["sglang"]["startup_lines"] is None
+    assert any("SGLang would not start: 'Not enough memory." in n for n in report["notes"])
+
+
+def test_sglang_refuses_what_it_sizes_otherwise(capsys: pytest.CaptureFixture[str]) -> None:
+    report = run_json(capsys, "gpt-oss-20b", "--kv-memory", "40 GiB", "--engine", "both")
+    assert report["sglang"] is None and report["pool_tokens"] is not None
+    assert any("no SGLang pool figures" in n and "swa-full-tokens-ratio" in n
+               for n in report["notes"])
+
+
+@pytest.mark.parametrize("args", [["--mem-fraction-static", "1.2"], ["--engine", "tgi"],
+                                  ["--page-size", "0"]])
+def test_bad_sglang_flags_are_one_line(args: list[str]) -> None:
+    result = subprocess.run([sys.executable, "-m", "kvlib", "size", "Llama-3.1-8B", *args],
+                            capture_output=True, text=True)
+    assert result.returncode == 2 and result.stdout == ""
+    assert result.stderr.strip().splitlines()[-1].startswith("kvlib size: error:")

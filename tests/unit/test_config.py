@@ -278,15 +278,6 @@ def test_a_corrupt_layer_count_is_refused_by_name_before_any_per_layer_list(
     assert len(load_config({**config, field: 10_000}).layer_kinds) == 10_000
 
 
-@pytest.mark.reference
-def test_bundled_transformers_defaults_are_current() -> None:
-    script = ROOT / "scripts" / "gen_config_defaults.py"
-    result = subprocess.run(
-        [sys.executable, str(script), "--check"], capture_output=True, text=True
-    )
-    assert result.returncode == 0, result.stdout + result.stderr
-
-
 def test_one_family_table_for_wrapper_names() -> None:
     """A flat config naming the wrapper family gets the text model's rules and defaults."""
     flat = load_config({"model_type": "gemma3", "hidden_size": 2560, "num_hidden_layers": 12,
@@ -352,3 +343,96 @@ def test_vision_tower_is_read() -> None:
 def test_a_one_token_window_is_refused() -> None:
     with pytest.raises(ConfigError, match="sliding_window"):
         load_config({**LLAMA_8B, "model_type": "mistral", "sliding_window": 1})
+
+
+def _size_error(path: Path) -> str:
+    result = subprocess.run([sys.executable, "-m", "kvlib", "size", str(path)],
+                            capture_output=True, text=True, cwd=ROOT)
+    assert result.returncode == 2 and result.stdout == ""
+    assert result.stderr.count("\n") == 1, result.stderr  # one line, no traceback
+    return result.stderr
+
+
+def test_a_config_nested_past_the_readers_depth_is_one_line(tmp_path: Path) -> None:
+    path = tmp_path / "config.json"
+    path.write_text('{"a":' * 100_000 + "1" + "}" * 100_000)
+    assert "nests objects or lists too deeply" in _size_error(path)
+
+
+def test_a_key_given_twice_is_reported_with_both_values(tmp_path: Path) -> None:
+    """A JSON reader keeps the last of two keys silently: 32 layers then 2 would size a
+    2-layer model."""
+    path = tmp_path / "config.json"
+    text = json.dumps(LLAMA_8B)
+    path.write_text(text.replace('"num_hidden_layers": 32', '"num_hidden_layers": 32, '
+                                 '"num_hidden_layers": 2'))
+    assert "key 'num_hidden_layers' is given twice (32, then 2)" in _size_error(path)
+    nested = tmp_path / "nested.json"
+    nested.write_text('{"text_config": {"head_dim": 64, "head_dim": 128}, "model_type": "x"}')
+    with pytest.raises(ConfigError, match="'head_dim' is given twice"):
+        load_config(nested)
+
+
+def test_invalid_utf8_and_oversized_files_are_one_line(tmp_path: Path) -> None:
+    path = tmp_path / "config.json"
+    path.write_bytes(b'{"model_type": "llama\xff"}')
+    assert "not UTF-8 text" in _size_error(path)
+    big = tmp_path / "big.json"
+    with big.open("wb") as f:  # sparse: 100 MB long, nothing written
+        f.truncate(100 * 10**6)
+    message = _size_error(big)
+    assert "100,000,000 bytes" in message and "a config.json is a few kilobytes" in message
+
+
+_FIELDS = ("num_hidden_layers", "num_attention_heads", "num_key_value_heads", "hidden_size",
+           "head_dim", "intermediate_size", "vocab_size", "sliding_window",
+           "max_position_embeddings", "model_type", "layer_types", "text_config",
+           "torch_dtype", "tie_word_embeddings", "quantization_config", "rope_scaling",
+           "kv_lora_rank", "num_experts")
+_JSON = st.recursive(
+    st.none() | st.booleans() | st.integers(min_value=-(10**40), max_value=10**40)
+    | st.floats(allow_nan=True, allow_infinity=True) | st.text(max_size=8),
+    lambda children: st.lists(children, max_size=4)
+    | st.dictionaries(st.sampled_from(_FIELDS), children, max_size=4),
+    max_leaves=12,
+)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    changes=st.dictionaries(st.sampled_from(_FIELDS), _JSON, max_size=4),
+    depth=st.sampled_from([0, 0, 0, 50, 5_000]),
+    duplicate=st.booleans(),
+    bad_byte=st.booleans(),
+)
+def test_fuzzed_configs_are_sized_or_refused_in_one_line(
+    changes: dict[str, Any], depth: int, duplicate: bool, bad_byte: bool
+) -> None:
+    """Whatever the file holds, ``kvlib size`` prints a report or one line naming what is
+    wrong: never a traceback (run in-process, so any exception fails the test)."""
+    import contextlib
+    import io
+    import tempfile
+
+    from kvlib.cli import main
+
+    text = json.dumps({**LLAMA_8B, **changes})
+    if depth:
+        text = text[:-1] + ', "rope_scaling": ' + "[" * depth + "]" * depth + "}"
+    if duplicate:
+        text = text[:-1] + ', "hidden_size": 4096}'
+    data = text.encode()
+    if bad_byte:
+        data = data[:10] + b"\xc3\x28" + data[10:]
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / "config.json"
+        path.write_bytes(data)
+        out, err = io.StringIO(), io.StringIO()
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            status = main(["size", str(path), "--gpu", "H100-SXM", "--json"])
+    if status == 0:
+        assert err.getvalue() == "" and json.loads(out.getvalue())["kv_bytes_per_token"] >= 0
+    else:
+        assert status == 2 and out.getvalue() == ""
+        line = err.getvalue()
+        assert line.startswith("kvlib size: error: ") and line.count("\n") == 1

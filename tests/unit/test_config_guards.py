@@ -118,3 +118,23 @@ def test_a_derived_indexer_list_must_be_given() -> None:
     given = load_config(transformers_default("hy_v4"))
     shared = transformers_default("hy_v4")["indexer_types"].count("shared")
     assert sum(spec.indexer_head_dim == 0 for spec in given.layers) == shared > 0  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("hidden_size", 10**30), ("hidden_size", 1e300), ("intermediate_size", 2**21),
+     ("num_attention_heads", 10**12), ("vocab_size", 2**25)],
+)
+def test_widths_no_real_model_has_are_refused(field: str, value: float) -> None:
+    """A hidden size of 10**30 was sized without a word, its parameter count printing
+    float rounding as exact digits; refused like a layer count past MAX_LAYERS."""
+    with pytest.raises(ConfigError, match=f"field '{field}' is .*no real model's"):
+        load_config({**LLAMA, field: value})
+
+
+def test_the_largest_published_widths_are_sized() -> None:
+    """Llama 3.1 405B: hidden 16,384, MLP 53,248, 128 heads (arXiv:2407.21783, Table 3)."""
+    cfg = load_config({**LLAMA, "hidden_size": 16_384, "intermediate_size": 53_248,
+                       "num_attention_heads": 128, "num_key_value_heads": 8,
+                       "vocab_size": 262_144})
+    assert cfg.hidden_size == 16_384 and cfg.intermediate_size == 53_248

@@ -281,3 +281,70 @@ def test_summary_of_a_run() -> None:
     )
     assert paged["best_paged_kv_read"] == "kv-read-paged/16"
     assert paged["paged_over_contiguous"] == pytest.approx(0.5)  # over the best contiguous
+
+
+def test_the_read_reference_is_the_faster_read_and_paging_is_per_kernel() -> None:
+    measurements = [
+        _named("copy/4096", 2.0e12),
+        _named("read", 2.5e12),
+        _named("read-triton/4096x16w8", 4.0e12),
+        _named("read-triton/8192x8w8", 3.0e12),
+        _named("kv-read/sdpa", 3.0e12),
+        _named("kv-read/triton", 3.6e12),
+        _named("kv-read-paged/triton-16", 2.7e12),
+        _named("kv-read-paged/flex-64", 1.5e12),
+    ]
+    summary = records.summarise(measurements, "copy/4096", goal=0.9)
+    assert summary["read_reference"] == "read-triton/4096x16w8"
+    assert summary["kv_read_over_read"] == pytest.approx(3.6 / 4.0)  # not 3.6 / 2.5
+    by_kernel = summary["paged_over_contiguous_by_kernel"]
+    assert by_kernel["kv-read-paged/triton-16"] == {"over": "kv-read/triton", "ratio": 0.75}
+    # flex has no contiguous read of its own: it is held against SDPA's.
+    assert by_kernel["kv-read-paged/flex-64"]["over"] == "kv-read/sdpa"
+    assert by_kernel["kv-read-paged/flex-64"]["ratio"] == pytest.approx(0.5)
+
+
+def test_every_repetition_and_the_flush_are_recorded() -> None:
+    record = _record()
+    assert record["times_s"] == [2e-3, 1e-3, 3e-3, 4e-3, 5e-3] and record["flush"] == "read"
+
+
+def test_a_rehearsal_is_read_as_one_and_its_rows_name_every_outcome(tmp_path: Path) -> None:
+    record = {**_record(), "output_check": {"checked": True, "max_abs_error": 0.004}}
+    doc = _doc(rehearsal=True, measurements=[record],
+               failed_measurements=[{"name": "kv-read/bad", "type": "OutputMismatch",
+                                     "message": "differs"}],
+               skipped=[{"name": "fp8/scaled-mm", "reason": "a CPU has no fp8 tensor cores"}])
+    path = tmp_path / "rehearsal.json"
+    path.write_text(json.dumps(doc))
+    assert records.read_rehearsal(path)["rehearsal"] is True
+    rows = records.measurement_rows(records.read_rehearsal(path))
+    assert rows[0] == ("copy/1000", "2,000", "5 of 5", "matches (largest error 0.004)",
+                       "timed (cold, flush reads)")
+    assert rows[1][4] == "failed: OutputMismatch: differs"
+    assert rows[2][4] == "skipped: a CPU has no fp8 tensor cores"
+    path.write_text(json.dumps(_doc()))
+    with pytest.raises(ValueError, match="not a rehearsal"):
+        records.read_rehearsal(path)
+
+
+def test_summary_rows_show_the_clocks_paging_and_agreement(tmp_path: Path) -> None:
+    clocks = {"sm_mhz": 1980, "mem_mhz": 3201}
+    results = {
+        "warmup": {"clocks_before": {"sm_mhz": 345, "mem_mhz": 3201}, "clocks_after": clocks},
+        "matmul_peak": {"first_tenth_median_s": 1.0e-3, "last_tenth_median_s": 1.05e-3,
+                        "sustained_s": 3.0, "clocks_before": clocks, "clocks_after": clocks},
+        "agreement": {"kv_read": {"over_do_bench_read_flush": 0.99,
+                                  "over_do_bench_write_flush": 1.01}},
+    }
+    summary = {"paged_over_contiguous_by_kernel": {
+        "kv-read-paged/triton-16": {"over": "kv-read/triton", "ratio": 0.9}}}
+    path = tmp_path / "gpu_a.json"
+    path.write_text(json.dumps(_doc(results=results, summary=summary)))
+    rows = dict(records.summary_rows(records.read_run(path)))
+    assert rows["clocks before / after warm-up"] == (
+        "SM 345 MHz, memory 3201 MHz / SM 1980 MHz, memory 3201 MHz")
+    assert rows["sustained matmul: last tenth / first tenth"].startswith("1.050 over 3.0 s")
+    assert rows["kvlib / do_bench, kv read"] == (
+        "0.990 (read flush), 1.010 (write flush, as do_bench)")
+    assert rows["kv-read-paged/triton-16 / kv-read/triton"] == "90.0%"

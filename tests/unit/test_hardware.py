@@ -141,3 +141,13 @@ def test_vllm_budget_is_the_ceiling_of_total_times_u() -> None:
     assert VLLM_GPU_MEMORY_UTILIZATION == 0.92
     with pytest.raises(ValueError, match="gpu_memory_utilization"):
         vllm_budget_bytes(h200, 92)
+
+
+@pytest.mark.parametrize(("name", "l2_mib"), [("H100-SXM", 50), ("H200", 60), ("H200-NVL", 60)])
+def test_l2_is_what_cuda_reports(name: str, l2_mib: int) -> None:
+    """cudaDeviceProp.l2CacheSize: 50 MiB on an H100 SXM, 60 MiB on an H200 (torch prints
+    "L2_cache_size=60MB" for an H200); the H200 rows cite where the 60 comes from."""
+    gpu = get_gpu(name)
+    assert gpu.l2_bytes == l2_mib * 2**20
+    if name.startswith("H200"):
+        assert "60 MiB" in gpu.source and "l2CacheSize" in gpu.source

@@ -1,4 +1,5 @@
-"""kvlib's import rules (DESIGN §3), each module imported alone in a fresh interpreter.
+"""kvlib's import rules (ARCHITECTURE.md, "Import rules"), each module imported alone in a
+fresh interpreter.
 
 - The arithmetic the book, the grader and the calculator share imports the standard
   library only; numpy (and SimPy) only under ``kvlib.serving``; torch only under
@@ -8,6 +9,7 @@
 - Imports point down the layers below, and no module imports another's private names.
 - No import cycle among kvlib's and course's modules, counting imports under
   ``TYPE_CHECKING`` and inside functions.
+- No kvlib module imports the course (the course adds ``kvlib grade`` through an entry point).
 - Every module declares ``__all__`` and every name in it exists.
 """
 
@@ -44,6 +46,8 @@ ALLOWED = {
     "kvlib.serving.ratelimit": {"numpy", "simpy", "redis"},
     "kvlib.nn": {"torch", "numpy"},
     "kvlib.engine.core": {"torch", "numpy"},
+    "kvlib.engine.host_tier": {"torch", "numpy"},
+    "kvlib.engine.disagg": {"torch", "numpy"},
 }
 
 # Layers, lowest first: a module may import from its own layer or below.
@@ -53,8 +57,10 @@ LAYERS = [
     ("kvlib.specs",),
     ("kvlib.config",),
     ("kvlib.sizing",),
-    ("kvlib.weights",),
+    ("kvlib.weights", "kvlib.view"),
     ("kvlib.bounds",),
+    ("kvlib.step",),
+    ("kvlib.tiers",),
     ("kvlib.paging", "kvlib.mla", "kvlib.timing.roofline"),
     ("kvlib.capacity",),
     ("kvlib.serving",),
@@ -85,7 +91,9 @@ def _layer(module: str) -> int:
     for index, names in enumerate(LAYERS):
         if any(module == n or module.startswith(n + ".") for n in names):
             return index
-    raise AssertionError(f"{module} is in no layer of DESIGN §3: add it to LAYERS")
+    raise AssertionError(
+        f"{module} is in no layer of ARCHITECTURE.md's import rules: add it to LAYERS and there"
+    )
 
 
 def _allowed(module: str) -> set[str] | None:
@@ -134,6 +142,22 @@ def _source(module: str) -> Path:
     return Path(spec.origin)
 
 
+def test_no_kvlib_module_imports_the_course() -> None:
+    """The library a learner reads depends on nothing that runs the course: anywhere in a
+    file (top level, a function, ``TYPE_CHECKING``), no ``import course...``."""
+    offenders = []
+    for path in sorted(ROOT.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            names = []
+            if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                names = [node.module]
+            elif isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            if any(name.split(".")[0] == "course" for name in names):
+                offenders.append(f"{path.relative_to(ROOT.parent)}:{node.lineno}")
+    assert not offenders, f"kvlib imports the course at {offenders}"
+
+
 @pytest.mark.parametrize("module", [m for m in MODULES if m != "kvlib"] + ["kvlib.__main__"])
 def test_imports_point_down_and_skip_private_names(module: str) -> None:
     own = _layer(module)
@@ -166,6 +190,11 @@ def test_every_module_is_checked() -> None:
 # The public names of the core modules, pinned: a change here is a change of the API
 # the book, the grader and the calculator rely on.
 PINNED = {
+    "kvlib.paging.sglang_pool": [
+        "DEFAULT_PAGE_SIZE", "GB", "SGLANG_COMMIT", "SGLangPool", "cell_size_bytes",
+        "default_mem_fraction_static", "max_total_num_tokens", "rest_memory_bytes",
+        "sglang_pool",
+    ],
     "kvlib.sizing": [
         "MLALayout", "kv_bytes", "kv_bytes_by_layer", "kv_bytes_per_token",
         "kv_bytes_per_token_dense", "kv_bytes_per_token_per_layer", "layer_specs",
@@ -176,7 +205,7 @@ PINNED = {
         "prefill_attention_flops", "prefill_flops", "prefill_lower_bound_s",
         "decode_bytes_per_gpu", "decode_tokens_per_s", "expected_experts_touched",
         "kv_bytes_per_gpu", "kv_exceeds_weights_at_tokens", "min_gpus", "prefill_rule_of_thumb_s",
-        "valid_tp_degrees",
+        "tp_error", "valid_tp_degrees", "weight_bytes_per_gpu",
     ],
     "kvlib.weights.params": [
         "ParamCount", "active_param_count", "count_params", "expert_weight_bytes",
@@ -186,7 +215,7 @@ PINNED = {
     "kvlib.specs": [
         "CacheSpec", "ChunkedLocal", "DS_MLA_FP8_BYTES_PER_TOKEN", "DecompressedMLA",
         "FullAttention", "INDEXER_FP8_SCALE_BLOCK", "LinearState", "MLALatent", "SharedKV",
-        "SlidingWindow", "vllm_group_spec",
+        "SlidingWindow", "causal_pairs", "vllm_group_spec",
     ],
     "kvlib.config": [
         "ConfigError", "IndexerShape", "Layout", "MLAShape", "MoEConfig", "ModelConfig",

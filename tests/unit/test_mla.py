@@ -36,6 +36,8 @@ from kvlib.mla import (
     MLAShape,
     bits_for_published_reduction,
     cached_elements_per_token,
+    dcp_node_seats,
+    dcp_tokens_per_gpu,
     equivalent_gqa_groups,
     kv_reduction,
     latent_read_cost,
@@ -263,8 +265,11 @@ def test_weight_split_matches_the_modules_transformers_builds() -> None:
     # TP: vLLM replicates fused_qkv_a_proj (q_a_proj + kv_a_proj_with_mqa), the router
     # and the RMSNorm weights; everything else is split.
     replicated = built["q_a_proj"] + built["kv_a_proj"] + built["mlp.gate."] + built["norm"]
+    # The embedding and the LM head are padded from 300 to 320 rows (vLLM pads a
+    # vocab-parallel table to a multiple of 64) before they are split.
+    padding = 2 * (320 - 300) * cfg.hidden_size
     assert weight_bytes_per_gpu(cfg, gpus, "fp32", "tp") == 4 * replicated + -(
-        -4 * (built["all"] - replicated) // gpus
+        -4 * (built["all"] - replicated + padding) // gpus
     )
 
 
@@ -302,6 +307,31 @@ def test_tp_replicates_the_latent_and_dp_does_not() -> None:
     assert node_seats(llama, gpu, 8, context, attention="tp") == seats(
         free, kv_bytes(llama, context, "bf16") // 8
     )
+
+
+def test_dcp_splits_tokens_and_removes_the_latent_replication() -> None:
+    v3, gpu = load_config(V3), get_gpu("H200")
+    context = 32_768
+    # FullAttentionSpec.max_memory_usage_bytes: cdiv(max_model_len, dcp x pcp) tokens.
+    assert dcp_tokens_per_gpu(32_769, 8) == 4097
+    assert dcp_tokens_per_gpu(context, 4, pcp=2) == context // 8
+    budget = math.ceil(13_981 * 2**30 // 100 * 0.92)
+    free = budget - weight_bytes_per_gpu(v3, 8, "fp8", "tp")
+    for dcp in (1, 2, 4, 8):
+        got = dcp_node_seats(v3, gpu, 8, context, dcp, weight_dtype="fp8")
+        assert got == seats(free, kv_bytes(v3, context // dcp, "bf16"))
+    assert dcp_node_seats(v3, gpu, 8, context, 1, weight_dtype="fp8") == node_seats(
+        v3, gpu, 8, context, weight_dtype="fp8", attention="tp"
+    )
+    # DCP 8 holds as many as DP attention would with TP's weights: more than DP.
+    dcp8 = dcp_node_seats(v3, gpu, 8, context, 8, weight_dtype="fp8")
+    assert dcp8 > node_seats(v3, gpu, 8, context, weight_dtype="fp8", attention="dp")
+    # vLLM's docs bound dcp by tp / H_kv: 2 for Llama-3.1-70B's 8 KV heads on 16 GPUs.
+    llama = load_config("Llama-3.1-70B")
+    with pytest.raises(ValueError, match="dcp=4 must divide"):
+        dcp_node_seats(llama, gpu, 16, context, 4)
+    with pytest.raises(ValueError, match="dcp=3 must divide"):
+        dcp_node_seats(v3, gpu, 8, context, 3)
 
 
 def test_node_seats_refuses_bad_arguments() -> None:
@@ -414,13 +444,13 @@ def test_every_draw_has_distinct_named_mistakes(
 
 def test_prefill_flops_sum_the_decode_steps_of_a_causal_prompt() -> None:
     """Each prefill term is the sum over query positions of one query's cost."""
-    from kvlib.mla import IndexerShape, MLAShape, latent_read_cost, prefill_attention_flops
+    from kvlib.mla import IndexerShape, MLAShape, latent_read_cost, prefill_path_flops
 
     shape = MLAShape(hidden_size=64, num_heads=4, kv_lora_rank=32, qk_rope_head_dim=8,
                      qk_nope_head_dim=16, v_head_dim=16, q_lora_rank=24)
     indexer = IndexerShape(num_heads=2, head_dim=16, top_k=5)
     tokens = 12
-    got = prefill_attention_flops(shape, tokens, indexer)
+    got = prefill_path_flops(shape, tokens, indexer)
     fold = 2 * tokens * shape.kv_b_params
     per_query = [latent_read_cost(shape, t, 1, indexer, 1) for t in range(1, tokens + 1)]
     dense = [latent_read_cost(shape, t, 1) for t in range(1, tokens + 1)]
@@ -430,12 +460,12 @@ def test_prefill_flops_sum_the_decode_steps_of_a_causal_prompt() -> None:
     naive_pair = 2 * shape.num_heads * (16 + 8 + 16)
     assert got.naive == fold + naive_pair * tokens * (tokens + 1) // 2
     assert got.naive_sparse == fold + naive_pair * sum(c.selected_tokens for c in per_query)
-    assert prefill_attention_flops(shape, tokens).naive_sparse == got.naive  # no cap
+    assert prefill_path_flops(shape, tokens).naive_sparse == got.naive  # no cap
     # The sparse cap: beyond k tokens, each query adds exactly 2 H k (2 d_c + d_r).
-    longer = prefill_attention_flops(shape, tokens + 1, indexer)
+    longer = prefill_path_flops(shape, tokens + 1, indexer)
     cap = 2 * shape.num_heads * indexer.top_k * (2 * 32 + 8)
     assert longer.absorbed_sparse - got.absorbed_sparse == cap + 2 * shape.kv_b_params
-    assert prefill_attention_flops(shape, tokens).indexer == 0
+    assert prefill_path_flops(shape, tokens).indexer == 0
 
 
 def test_vllm_latent_entry_bytes_and_the_refused_dtype() -> None:

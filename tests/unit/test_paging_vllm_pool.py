@@ -9,7 +9,8 @@ config fields, without kvlib's specs:
   dtype size`` with one head of ``kv_lora_rank + qk_rope_head_dim``;
 - ``get_num_blocks`` (vllm/v1/core/kv_cache_utils.py):
   ``int(available_memory // page_size // num_layers)``;
-- ``_report_kv_cache_config``: ``num_blocks // len(groups) * min_block_size`` tokens;
+- ``_report_kv_cache_config``: ``num_blocks // len(groups) * min_block_size`` tokens
+  at that commit, ``int(max_concurrency * max_model_len)`` since PRs #38364/#40694;
 - ``get_max_concurrency_for_kv_cache_config``: ``num_blocks / cdiv(num_layer_per_group *
   sum(max_memory_usage_bytes), page_size * num_layer_per_group)``.
 """
@@ -79,10 +80,11 @@ def vllm_uniform_report(
 
 def test_exports() -> None:
     assert sorted(kvpool.__all__) == sorted(
-        ["DEFAULT_BLOCK_SIZE", "DEFAULT_MAX_NUM_BATCHED_TOKENS", "KVCacheGroup", "KVPool",
-         "LayerPage", "blocks_per_sequence", "kv_cache_groups", "kv_memory_on_gpu",
-         "kv_memory_range", "kv_pool",
-         "layer_page_bytes", "layer_pages", "unified_page_bytes"]
+        ["DEFAULT_BLOCK_SIZE", "DEFAULT_MAX_NUM_BATCHED_TOKENS", "DEFAULT_VLLM_VERSION",
+         "KVCacheGroup", "KVPool", "LayerPage", "blocks_per_sequence", "kv_cache_groups",
+         "kv_memory_on_gpu", "kv_memory_range", "kv_pool", "layer_page_bytes", "layer_pages",
+         "logged_pool_tokens", "parse_vllm_version", "unified_page_bytes",
+         "uses_derived_pool_line"]
     )
     assert kvpool.DEFAULT_BLOCK_SIZE == 16
 
@@ -157,10 +159,12 @@ def test_qwen3_4b_on_an_l4_as_vllms_fp8_kv_cache_doc_reports() -> None:
 def test_kv_memory_range_inverts_the_logged_size() -> None:
     cfg = load_config("Llama-3.1-8B")
     low, high = kv_memory_range(cfg, 16_000)
-    assert kv_pool(cfg, low, max_model_len=1).pool_tokens == 16_000
-    assert kv_pool(cfg, high - 1, max_model_len=1).pool_tokens == 16_000
-    assert kv_pool(cfg, low - 1, max_model_len=1).pool_tokens < 16_000
-    assert kv_pool(cfg, high, max_model_len=1).pool_tokens > 16_000
+
+    def logged(memory: int) -> int:  # the whole-block line, as 0.19 logs it
+        return kv_pool(cfg, memory, max_model_len=1, vllm_version="0.19.0").pool_tokens
+
+    assert logged(low) == logged(high - 1) == 16_000
+    assert logged(low - 1) < 16_000 < logged(high)
     with pytest.raises(ValueError, match="whole number of 16-token blocks"):
         kv_memory_range(cfg, 16_001)
 
@@ -177,9 +181,14 @@ def test_a_hybrid_model_pages_sliding_and_full_layers_in_separate_groups() -> No
     full_blocks = cdiv(max_model_len, 16)
     sliding_blocks = cdiv(min(4096 - 1 + batched, max_model_len), 16) + 1
     assert pool.num_blocks == num_blocks
-    assert pool.pool_tokens == num_blocks // 2 * 16
     assert pool.blocks_per_request == full_blocks + sliding_blocks
     assert pool.max_concurrency == num_blocks / (full_blocks + sliding_blocks)
+    # The line: whole blocks shared among the groups until 0.19, derived since.
+    old = kv_pool(cfg, memory, max_model_len=max_model_len, max_num_batched_tokens=batched,
+                  vllm_version="0.19.0")
+    assert old.pool_tokens == num_blocks // 2 * 16
+    assert pool.pool_tokens == int(num_blocks / (full_blocks + sliding_blocks) * max_model_len)
+    assert pool.pool_tokens != old.pool_tokens
     assert pool.min_kv_memory_bytes == (full_blocks + sliding_blocks) * 21 * page
     assert blocks_per_sequence(cfg, 100, max_num_batched_tokens=batched) == 7 + 8
 
@@ -191,9 +200,65 @@ def test_vllm_refuses_no_memory_and_less_than_one_request() -> None:
     assert kv_pool(cfg, need, max_model_len=8192).refusal is None
     short = kv_pool(cfg, need - 1, max_model_len=8192).refusal
     assert short is not None and "To serve at least one request" in short
-    assert kv_pool(cfg, 0, max_model_len=8192).refusal == (
-        "No available memory for the cache blocks"
+    assert kv_pool(cfg, 0, max_model_len=8192).refusal.startswith(  # type: ignore[union-attr]
+        "No available memory for the cache blocks. Try increasing `gpu_memory_utilization`"
     )
+
+
+def test_the_gpt_oss_line_changed_with_vllms_release() -> None:
+    """gpt-oss-20b (12 sliding + 12 full layers), 40 GiB, max_model_len 131,072: two
+    groups of whole blocks logged 873,808 tokens until 0.19; int(concurrency x len) since."""
+    cfg = load_config("gpt-oss-20b")
+    pools = {v: kv_pool(cfg, 40 * GiB, max_model_len=131_072, vllm_version=v)
+             for v in ("0.19.0", "0.20.0", kvpool.DEFAULT_VLLM_VERSION)}
+    old, first, now = pools.values()
+    assert old.num_blocks == now.num_blocks and old.max_concurrency == now.max_concurrency
+    assert old.pool_tokens == old.num_blocks // 2 * 16 == 873_808
+    assert first.pool_tokens == now.pool_tokens == int(now.max_concurrency * 131_072)
+    assert now.pool_tokens == 1_643_116
+    # For one full-attention group at a whole number of blocks the two lines agree.
+    llama = load_config("Llama-3.1-8B")
+    same = {kv_pool(llama, 20 * GiB, max_model_len=8192, vllm_version=v).pool_tokens
+            for v in ("0.19.0", kvpool.DEFAULT_VLLM_VERSION)}
+    assert len(same) == 1
+
+
+def test_the_refusal_is_vllms_message_with_its_estimate() -> None:
+    """V1's _check_enough_kv_cache_memory at 001cabc1: the needed and available GiB as
+    format_gib rounds them, and estimate_max_model_len's binary search (here the last
+    whole block that fits); v0 (before 0.8) named the tokens its blocks store."""
+    cfg = load_config("Llama-3.1-8B")
+    page = vllm_attention_page(16, 8, 128, "bf16") * 32  # 2 MiB a block, every layer
+    pool = kv_pool(cfg, 3 * GiB, max_model_len=32_768)
+    fits = 3 * GiB // page * 16
+    assert pool.estimated_max_model_len == fits == 24_576
+    assert pool.budget_bytes(fits) <= 3 * GiB < pool.budget_bytes(fits + 1)
+    assert pool.refusal == (
+        "To serve at least one request with the models's max seq len (32768), (4.0 GiB KV "
+        "cache is needed, which is larger than the available KV cache memory (3.0 GiB). "
+        "Based on the available memory, the estimated maximum model length is 24576. Try "
+        "increasing `gpu_memory_utilization` or decreasing `max_model_len` when "
+        "initializing the engine. See "
+        "https://docs.vllm.ai/en/latest/configuration/conserving_memory/ for more details."
+    )
+    old = kv_pool(cfg, 3 * GiB, max_model_len=32_768, vllm_version="0.6.4")
+    assert old.refusal == (
+        "The model's max seq len (32768) is larger than the maximum number of tokens that "
+        "can be stored in KV cache (24576). Try increasing `gpu_memory_utilization` or "
+        "decreasing `max_model_len` when initializing the engine."
+    )
+    assert kv_pool(cfg, page - 1, max_model_len=32_768).estimated_max_model_len == 0
+
+
+@pytest.mark.parametrize("version", ["0.19", "v0.20.1", "0.11.0+cu129", "0.20.1rc1"])
+def test_version_strings_vllm_publishes_parse(version: str) -> None:
+    assert kvpool.parse_vllm_version(version)[:2] in ((0, 19), (0, 20), (0, 11))
+
+
+@pytest.mark.parametrize("version", ["latest", "19", "", "0.x"])
+def test_a_bad_version_names_the_form(version: str) -> None:
+    with pytest.raises(ValueError, match="MAJOR.MINOR"):
+        kv_pool(load_config("Llama-3.1-8B"), GiB, max_model_len=16, vllm_version=version)
 
 
 def test_the_sliding_budget_straddles_a_block_boundary() -> None:
@@ -225,7 +290,9 @@ def test_a_five_to_one_pattern_makes_six_groups() -> None:
     pool = kv_pool(cfg, 3 * GiB, max_model_len=8192, max_num_batched_tokens=1024)
     page = vllm_attention_page(16, 4, 128, "bf16")
     assert pool.num_blocks == vllm_num_blocks(3 * GiB, page, 6)
-    assert pool.pool_tokens == pool.num_blocks // 6 * 16
+    old = kv_pool(cfg, 3 * GiB, max_model_len=8192, max_num_batched_tokens=1024,
+                  vllm_version="0.19.0")
+    assert old.pool_tokens == pool.num_blocks // 6 * 16
     assert pool.blocks_per_request == 512 + 5 * (cdiv(1023 + 1024, 16) + 1)
 
 
@@ -234,7 +301,7 @@ def test_smaller_pages_get_a_larger_block_size() -> None:
     cfg = _fake(*[FullAttention(8, 128)] * 4, *[SlidingWindow(4, 128, window=512)] * 4)
     groups = {g.kind: g for g in kv_cache_groups(cfg)}
     assert (groups["full"].block_size, groups["sliding"].block_size) == (16, 32)
-    pool = kv_pool(cfg, GiB, max_model_len=1024)
+    pool = kv_pool(cfg, GiB, max_model_len=1024, vllm_version="0.19.0")
     assert pool.pool_tokens == pool.num_blocks // 2 * 16  # the smallest block size
     odd = _fake(FullAttention(3, 128), SlidingWindow(2, 128, window=512))
     with pytest.raises(ValueError, match="do not divide"):

@@ -61,6 +61,41 @@ def test_attention_pages_are_vllms(block: int, kv_heads: int, head_dim: int, dty
         assert spec.page_bytes(block, dtype) == block * spec.bytes_per_token(dtype)
 
 
+def vllm_scaled_page(block: int, kv_heads: int, head_size: int, kv_cache_dtype: str) -> int:
+    """vllm/v1/kv_cache_interface.py (commit 001cabc1be16): ``page_size_bytes`` adds
+    ``2 * block_size * num_kv_heads * get_dtype_size(torch.float32)`` to the int8/fp8
+    page for per-token-head scales; nvfp4's last dim is ``nvfp4_kv_cache_full_dim``
+    (``head_size // 2 + head_size // 16``) for keys and again for values, uint8."""
+    if kv_cache_dtype == "nvfp4":
+        full_dim = head_size // 2 + head_size // 16
+        return block * kv_heads * (full_dim + full_dim) * 1
+    return 2 * block * kv_heads * head_size * 1 + 2 * block * kv_heads * 4
+
+
+@given(
+    st.sampled_from([16, 32, 64, 128]),
+    st.integers(1, 64),
+    st.sampled_from([64, 80, 96, 128, 256]),
+    st.sampled_from(specs.attention.VLLM_SCALED_KV_DTYPES),
+)
+def test_scaled_kv_pages_are_vllms(block: int, kv_heads: int, head_dim: int, dtype: str) -> None:
+    spec = specs.FullAttention(kv_heads, head_dim)
+    assert spec.vllm_scaled_page_bytes(block, dtype) == vllm_scaled_page(
+        block, kv_heads, head_dim, dtype
+    )
+
+
+def test_per_token_head_scales_cost_three_percent_and_nvfp4_four_and_a_half_bits() -> None:
+    spec = specs.FullAttention(8, 128)
+    fp8 = spec.page_bytes(16, "fp8")
+    scaled = spec.vllm_scaled_page_bytes(16, "fp8_per_token_head")
+    assert scaled / fp8 == 1 + 4 / 128  # one 4-byte scale per 128 one-byte values
+    nvfp4 = spec.vllm_scaled_page_bytes(16, "nvfp4")
+    assert nvfp4 * 8 / (2 * 16 * 8 * 128) == 4.5
+    with pytest.raises(ValueError, match="kv_cache_dtype must be one of"):
+        spec.vllm_scaled_page_bytes(16, "fp8")
+
+
 @pytest.mark.parametrize("dtype", ["bf16", "fp8", "fp32"])
 def test_mla_page_drops_the_factor_two(dtype: str) -> None:
     latent = v32_layer(indexer_head_dim=0)

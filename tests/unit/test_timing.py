@@ -9,6 +9,7 @@ torch sees no CUDA device, and say so.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import statistics
 import time
@@ -144,8 +145,35 @@ def test_cold_cache_flushes_more_than_the_last_level_cache() -> None:
     llc = cpu_cache_bytes()
     result = bench(lambda: None, device="cpu", cache="cold", rep_s=0.005, min_reps=2)
     assert result.cache == "cold" and result.flush_bytes == cache_flush_bytes("cpu")
+    assert result.flush == "read" and result.flush_bytes >= 256 * 2**20
     if llc is not None:
-        assert result.flush_bytes == 2 * llc
+        assert result.flush_bytes == max(4 * llc, 256 * 2**20)
+
+
+def test_the_flush_reads_by_default_and_writes_when_asked() -> None:
+    """A read flush leaves its buffer untouched; a write flush zeroes it (as do_bench)."""
+    seen: list[str] = []
+    real_sum, real_zero = torch.Tensor.sum, torch.Tensor.zero_
+
+    def spy_sum(self: torch.Tensor, *args: object, **kwargs: object) -> torch.Tensor:
+        if self.numel() == 2**16:
+            seen.append("read")
+        return real_sum(self, *args, **kwargs)  # type: ignore[arg-type]
+
+    def spy_zero(self: torch.Tensor) -> torch.Tensor:
+        if self.numel() == 2**18:
+            seen.append("write")
+        return real_zero(self)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(torch.Tensor, "sum", spy_sum)
+        mp.setattr(torch.Tensor, "zero_", spy_zero)
+        read = bench(lambda: None, device="cpu", rep_s=0.002, min_reps=2, flush_bytes=2**18)
+        assert read.flush == "read" and set(seen) == {"read"}
+        seen.clear()
+        written = bench(lambda: None, device="cpu", rep_s=0.002, min_reps=2,
+                        flush_bytes=2**18, flush="write")
+        assert written.flush == "write" and set(seen) == {"write"}
 
 
 def test_cold_cache_is_slower_than_warm_for_data_that_fits_the_cache() -> None:
@@ -171,6 +199,7 @@ def test_cold_cache_is_slower_than_warm_for_data_that_fits_the_cache() -> None:
         ({"device": "cpu", "warmup_s": -1}, "warmup_s"),
         ({"device": "cpu", "min_reps": 9, "max_reps": 3}, "min_reps"),
         ({"device": "cpu", "flush_bytes": 0}, "flush_bytes"),
+        ({"device": "cpu", "flush": "evict"}, "flush"),
         ({"device": "tpu"}, "not a torch device"),
         ({"device": "mps"}, "only 'cpu' and 'cuda'"),
     ],
@@ -249,8 +278,67 @@ def _flops(fn: Callable[[], object]) -> int:
 def test_copy_moves_twice_its_bytes_and_copies() -> None:
     copy = w.copy(1000, "cpu")
     out = copy.fn()
-    assert isinstance(out, torch.Tensor) and int(out.sum()) == 1000  # the ones arrived
+    source = copy.reference() if copy.reference else None
+    assert isinstance(out, torch.Tensor) and isinstance(source, torch.Tensor)
+    assert torch.equal(out, source) and out.data_ptr() != source.data_ptr()  # bytes arrived
     assert copy.bytes_moved == 2 * out.nbytes and copy.flops == 0
+    assert w.check_output(copy)["checked"]
+
+
+def test_check_output_refuses_a_wrong_kernel() -> None:
+    """A kernel that returns the wrong values, or the wrong shape, is not a measurement."""
+    torch.manual_seed(0)
+    right = w.decode_attention(2, 32, 8, 2, 16, "bf16", "cpu")
+    assert w.check_output(right)["max_abs_error"] <= right.atol
+    wrong = dataclasses.replace(right, fn=lambda: right.fn().flip(0))  # sequences swapped
+    with pytest.raises(w.OutputMismatch, match="differs from its reference"):
+        w.check_output(wrong)
+    shape = dataclasses.replace(right, fn=lambda: right.fn()[:1])
+    with pytest.raises(w.OutputMismatch, match="shape"):
+        w.check_output(shape)
+    nan = dataclasses.replace(right, fn=lambda: right.fn() * math.nan)
+    with pytest.raises(w.OutputMismatch):
+        w.check_output(nan)
+    assert w.check_output(dataclasses.replace(right, reference=None))["checked"] is False
+
+
+def test_attention_reference_is_sdpa_in_float32() -> None:
+    torch.manual_seed(2)
+    q, k = torch.randn(3, 8, 1, 16), torch.randn(3, 2, 40, 16)
+    v = torch.randn_like(k)
+    expected = torch.nn.functional.scaled_dot_product_attention(q, k, v, enable_gqa=True)
+    torch.testing.assert_close(w.attention_reference(q, k, v), expected, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("block_size", [16, 64])
+def test_paged_flex_attention_reads_the_blocks_it_was_given(block_size: int) -> None:
+    """torch's PagedAttention on flex_attention over a shuffled pool: the contiguous answer."""
+    torch.manual_seed(3)
+    paged = w.paged_decode_attention_flex(2, 128, 8, 2, 16, "fp32", block_size, "cpu",
+                                          compile=False)
+    assert w.check_output(paged)["max_abs_error"] < 1e-5
+    contiguous = w.decode_attention(2, 128, 8, 2, 16, "fp32", "cpu")
+    # The cache once, q and the output, and one int64 table entry per block.
+    assert paged.bytes_moved == contiguous.bytes_moved + 2 * (128 // block_size) * 8
+    assert paged.flops == contiguous.flops
+    with pytest.raises(ValueError, match="multiple of block_size"):
+        w.paged_decode_attention_flex(1, 100, 8, 2, 16, "fp32", 16, "cpu", compile=False)
+
+
+def test_stacked_matmul_moves_each_layer_and_checks_layer_zero() -> None:
+    one, three = w.matmul(4, 32, 32, "bf16", "cpu"), w.matmul(4, 32, 32, "bf16", "cpu", layers=3)
+    assert three.bytes_moved == 3 * one.bytes_moved and three.flops == 3 * one.flops
+    assert w.check_output(three)["checked"] and "3 layers" in three.description
+    with pytest.raises(ValueError, match="layers"):
+        w.matmul(4, 32, 32, "bf16", "cpu", layers=0)
+
+
+def test_scaled_mm_is_fp8_with_per_tensor_scales() -> None:
+    """torch._scaled_mm runs (emulated) on a CPU too: its output against float32 math."""
+    torch.manual_seed(4)
+    mm = w.scaled_mm(16, 32, 64, "cpu")
+    assert w.check_output(mm)["checked"]
+    assert mm.bytes_moved == 16 * 64 + 64 * 32 + 2 * 16 * 32 and mm.flops == 2 * 16 * 32 * 64
 
 
 @pytest.mark.parametrize("dtype", ["fp32", "bf16"])
@@ -264,6 +352,7 @@ def test_matmul_counts_against_flop_counter_and_tensor_bytes(dtype: str) -> None
     out = mm.fn()
     assert isinstance(out, torch.Tensor) and torch.equal(out, a @ b)
     assert mm.flops == _flops(mm.fn) == 2 * m * n * k
+    assert w.check_output(mm)["checked"]
     assert mm.bytes_moved == a.nbytes + b.nbytes + out.nbytes
 
 
@@ -319,7 +408,7 @@ def test_gpu_result_names_the_gpu_and_uses_events() -> None:
     assert result.device_name == torch.cuda.get_device_name()
     assert result.resolution_s == CUDA_EVENT_RESOLUTION_S
     l2 = torch.cuda.get_device_properties(0).L2_cache_size
-    assert result.flush_bytes == 2 * l2 > l2
+    assert result.flush_bytes == max(4 * l2, 256 * 2**20) > l2
 
 
 @needs_cuda
@@ -327,8 +416,8 @@ def test_gpu_median_agrees_with_triton_do_bench() -> None:
     """Cold medians of a 1 GiB copy within 5% of ``triton.testing.do_bench``.
 
     Both time each call with a pair of CUDA events after writing a buffer
-    larger than L2 (kvlib twice the L2, triton a fixed 256 MiB); at 1 GiB, far above
-    any L2, the flush sizes do not matter. triton ships with torch's CUDA
+    larger than L2 (kvlib max(4 x L2, 256 MiB), triton a fixed 256 MiB); at 1 GiB, far
+    above any L2, the flush sizes do not matter. triton ships with torch's CUDA
     wheels, so a missing triton is a failure, not a skip.
     """
     import triton.testing

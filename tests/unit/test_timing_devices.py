@@ -14,6 +14,7 @@ from kvlib.timing.devices import (
     FALLBACK_FLUSH_BYTES,
     cache_flush_bytes,
     clock_reader,
+    cold_cache_bytes,
     cpu_cache_bytes,
     cuda_device_facts,
     nvidia_smi,
@@ -35,9 +36,29 @@ def test_sizes_read_from_sysfs(tmp_path: Path) -> None:
     assert cpu_cache_bytes(tmp_path / "missing") is None
 
 
-def test_cpu_flush_is_twice_the_last_level_cache_or_tritons_buffer() -> None:
+def test_cpu_flush_is_the_cold_cache_rule() -> None:
     llc = cpu_cache_bytes()
-    assert cache_flush_bytes("cpu") == (FALLBACK_FLUSH_BYTES if llc is None else 2 * llc)
+    assert cache_flush_bytes("cpu") == cold_cache_bytes(llc)
+    assert cache_flush_bytes("cpu") >= (FALLBACK_FLUSH_BYTES if llc is None else 4 * llc)
+
+
+@pytest.mark.parametrize(
+    ("l2_mib", "floor", "expected_mib"),
+    [(50, None, 256), (60, None, 256), (126, None, 504), (60, 0, 240), (None, None, 256)],
+)
+def test_cold_cache_rule_is_four_caches_and_do_benchs_256_mib(
+    l2_mib: int | None, floor: int | None, expected_mib: int
+) -> None:
+    """H100 SXM (50 MiB of L2) and H200 (60) get do_bench's 256 MiB; a B200 (126) 504."""
+    cache = None if l2_mib is None else l2_mib * MiB
+    got = cold_cache_bytes(cache) if floor is None else cold_cache_bytes(cache, floor)
+    assert got == expected_mib * MiB
+
+
+@pytest.mark.parametrize("bad", [0, -1, 1.5, "60 MiB"])
+def test_cold_cache_rule_names_a_bad_size(bad: object) -> None:
+    with pytest.raises(ValueError, match="cache_bytes"):
+        cold_cache_bytes(bad)  # type: ignore[arg-type]
     # triton's do_bench zeroes 256 * 1024 * 1024 bytes (its NVIDIA driver's
     # get_empty_cache_for_benchmark): the fallback when no cache size is known.
     assert 256 * MiB == FALLBACK_FLUSH_BYTES

@@ -1,18 +1,15 @@
 """kvlib.weights.params: counts, weight bytes at a chosen precision, and weights as
 checkpoints ship.
 
-The shipped bytes of the quantized bundled checkpoints are checked two ways: against
-the figure their makers publish (gpt-oss model card), and against the tensors of the
-model transformers builds on the meta device, each sized by the format's own rule
-(fp8: a byte a weight and an fp32 scale per 128 x 128 block of every linear layer;
-MXFP4: half a byte a weight and a byte per 32 for the experts).
+The shipped bytes of the quantized bundled checkpoints are checked against the figure
+their makers publish (gpt-oss model card) here, and against the tensors of the model
+transformers builds in ``tests/reference/test_weights_quantized.py``.
 """
 
 from __future__ import annotations
 
 import json
 import math
-import warnings
 from typing import Any
 
 import pytest
@@ -65,62 +62,6 @@ def test_gpt_oss_ships_as_its_model_card_says() -> None:
     assert shipped.bytes is not None and round(shipped.bytes / GiB, 1) == 12.8
     assert weight_bytes(cfg, None) == shipped.bytes
     assert weight_bytes(cfg, "bf16") / GiB > 38  # what torch_dtype alone would suggest
-
-
-def _meta_model(name: str) -> Any:
-    import torch
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    data = json.loads(bundled_config_path(name).read_text())
-    fields = {k: v for k, v in data.items() if not k.startswith("_")}
-    fields.pop("quantization_config")
-    config = AutoConfig.for_model(fields.pop("model_type"), **fields)
-    with warnings.catch_warnings(), torch.device("meta"):
-        warnings.simplefilter("ignore")
-        return AutoModelForCausalLM.from_config(config)
-
-
-def _expert_matrices(name: str, shape: tuple[int, ...]) -> tuple[int, int, int] | None:
-    """(copies, rows, cols) of a fused expert tensor, or None for anything else."""
-    if ".experts." in name and len(shape) == 3 and not name.endswith("_bias"):
-        return shape[0], shape[1], shape[2]
-    return None
-
-
-@pytest.mark.reference
-def test_deepseek_v3_fp8_is_its_linear_layers_in_blocks() -> None:
-    import torch
-
-    model = _meta_model("DeepSeek-V3")
-    linear = {f"{n}.weight" for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)}
-    expected = 0
-    for name, p in model.named_parameters():
-        experts = _expert_matrices(name, tuple(p.shape))
-        if experts is not None:
-            copies, rows, cols = experts
-        elif name in linear and name != "lm_head.weight":
-            copies, (rows, cols) = 1, tuple(p.shape)
-        else:
-            expected += 2 * p.numel()  # bf16, the checkpoint's torch_dtype
-            continue
-        expected += copies * (rows * cols + 4 * math.ceil(rows / 128) * math.ceil(cols / 128))
-    assert shipped_weights(load_config("DeepSeek-V3")).bytes == expected
-
-
-@pytest.mark.reference
-def test_gpt_oss_mxfp4_is_its_experts_in_blocks_of_32() -> None:
-    model = _meta_model("gpt-oss-20b")
-    expected = 0
-    for name, p in model.named_parameters():
-        experts = _expert_matrices(name, tuple(p.shape))
-        if experts is None:
-            expected += 2 * p.numel()
-            continue
-        copies, a, b = experts
-        # Both expert matrices have hidden = intermediate = 2880 = 90 blocks of 32,
-        # so the scales are the same whichever dimension is the input.
-        expected += copies * (a * b // 2 + a * b // 32)
-    assert shipped_weights(load_config("gpt-oss-20b")).bytes == expected
 
 
 def test_unquantized_checkpoints_ship_in_torch_dtype() -> None:
