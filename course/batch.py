@@ -260,12 +260,30 @@ def grade_class_on_cluster(
     global _API
     from nbgrader.apps import NbGraderAPI
 
-    from course.cluster import grade_on_cluster
+    here = os.getcwd()
+    os.chdir(root)  # nbgrader resolves some paths from the working folder; restored below
+    try:
+        _API = NbGraderAPI(config=_course_config(root))
+        _API.log.setLevel(logging.INFO)
+        return _grade_on(client, root, assignment, students, force=force, feedback=feedback,
+                         regrade=regrade, graded=[] if graded is None else graded)
+    finally:
+        os.chdir(here)
 
-    os.chdir(root)
-    _API = NbGraderAPI(config=_course_config(root))
-    _API.log.setLevel(logging.INFO)
-    graded = [] if graded is None else graded
+
+def _grade_on(
+    client: Any,
+    root: Path,
+    assignment: str,
+    students: list[str],
+    *,
+    force: bool,
+    feedback: bool,
+    regrade: frozenset[str],
+    graded: list[Outcome],
+) -> list[Outcome]:
+    """The body of :func:`grade_class_on_cluster`, run from the course folder."""
+    from course.cluster import grade_on_cluster
 
     def prepare() -> None:  # while the workers grade
         if message := _prepare(assignment):

@@ -8,6 +8,10 @@ An argument of the wrong type raises :class:`WrongTypeError`, both a ``TypeError
 (what Python raises for a wrong type) and a ``ValueError`` (what every other bad
 argument raises), so a caller catching either sees it. ``bool`` is never a number
 here: ``True`` passed as a count is a slip, not 1.
+
+One verb across kvlib: ``require_*`` raises on a bad value and returns the value
+(converted where it says so, e.g. :func:`kvlib.dtypes.require_dtype`); ``check_*``
+raises on bad input and returns nothing.
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ from types import MappingProxyType
 
 from kvlib._validate import cdiv
 
-__all__ = ["DTYPE_BITS", "bytes_for", "canonical_dtype", "check_dtype"]
+__all__ = ["DTYPE_BITS", "bytes_for", "canonical_dtype", "require_dtype"]
 
 DTYPE_BITS: Mapping[str, int] = MappingProxyType(
     {"fp32": 32, "fp16": 16, "bf16": 16, "fp8": 8, "int8": 8, "int4": 4}
@@ -30,7 +30,7 @@ _ALIASES = {
 }
 
 
-def check_dtype(name: str) -> str:
+def require_dtype(name: str) -> str:
     """The canonical name of a dtype (``"bfloat16"`` -> ``"bf16"``); a ValueError lists them."""
     canonical = _ALIASES.get(name, name) if isinstance(name, str) else name
     if canonical not in DTYPE_BITS:
@@ -39,7 +39,7 @@ def check_dtype(name: str) -> str:
 
 
 def canonical_dtype(name: object) -> str | None:
-    """:func:`check_dtype`'s name for ``name``, or None where it names no dtype kvlib knows
+    """:func:`require_dtype`'s name for ``name``, or None where it names no dtype kvlib knows
     (a ``torch_dtype`` of "auto", a missing field)."""
     if not isinstance(name, str):
         return None
@@ -52,4 +52,4 @@ def bytes_for(elements: int, dtype: str) -> int:
 
     Sub-byte types pack two 4-bit values in a byte; an odd count rounds up.
     """
-    return cdiv(elements * DTYPE_BITS[check_dtype(dtype)], 8)
+    return cdiv(elements * DTYPE_BITS[require_dtype(dtype)], 8)

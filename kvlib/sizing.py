@@ -16,7 +16,7 @@ from typing import Literal
 
 from kvlib._validate import is_int, require_int
 from kvlib.config import ModelConfig
-from kvlib.dtypes import check_dtype
+from kvlib.dtypes import require_dtype
 from kvlib.specs import CacheSpec
 
 MLALayout = Literal["latent", "decompressed"]
@@ -84,7 +84,7 @@ def kv_bytes_per_token(
     cfg: ModelConfig, kv_dtype: str = "bf16", *, mla_layout: MLALayout = "latent"
 ) -> int:
     """Bytes one more token costs, summed over all layers, while under every window."""
-    check_dtype(kv_dtype)
+    require_dtype(kv_dtype)
     return sum(spec.bytes_per_token(kv_dtype) for spec in layer_specs(cfg, mla_layout))
 
 

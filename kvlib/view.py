@@ -59,7 +59,7 @@ from typing import TypeVar, cast
 
 from kvlib._validate import cdiv, require_int
 from kvlib.config import ConfigError, ModelConfig
-from kvlib.dtypes import bytes_for, check_dtype
+from kvlib.dtypes import bytes_for, require_dtype
 from kvlib.weights.layouts import UnknownLayout, WeightGroup, weight_groups
 from kvlib.weights.quantized import ShippedWeights, shipped_bytes
 
@@ -117,7 +117,7 @@ def group_bytes(cfg: ModelConfig, groups: Sequence[WeightGroup], weight_dtype: s
 
 
 def _as_shipped(cfg: ModelConfig, groups: Sequence[WeightGroup]) -> ShippedWeights:
-    base = check_dtype(cfg.dtype or "bf16")
+    base = require_dtype(cfg.dtype or "bf16")
     if cfg.quantization is None:
         return ShippedWeights(bytes_for(sum(g.count for g in groups), base), base)
     return shipped_bytes(groups, cfg.quantization, base)
@@ -228,7 +228,7 @@ class ModelView:
 
     def weights(self, weight_dtype: str | None = "bf16") -> WeightTotals:
         """:class:`WeightTotals` at ``weight_dtype``, or as shipped (None)."""
-        dtype = None if weight_dtype is None else check_dtype(weight_dtype)
+        dtype = None if weight_dtype is None else require_dtype(weight_dtype)
 
         def make() -> WeightTotals:
             return WeightTotals(
@@ -312,7 +312,7 @@ class ModelView:
         whole, the vocab-parallel tables padded to 64 rows and split, the rest split
         (see the module's docstring for vLLM's rules)."""
         require_int(tp, "tp", 1)
-        dtype = None if weight_dtype is None else check_dtype(weight_dtype)
+        dtype = None if weight_dtype is None else require_dtype(weight_dtype)
         return self.memo(
             ("per_gpu", tp, dtype), lambda: self._per_gpu(self.groups, tp, dtype)
         )
@@ -330,7 +330,7 @@ class ModelView:
         """
         require_int(tokens, "tokens", 1)
         require_int(tp, "tp", 1)
-        dtype = None if weight_dtype is None else check_dtype(weight_dtype)
+        dtype = None if weight_dtype is None else require_dtype(weight_dtype)
 
         def make() -> int:
             unread = {id(g) for g in self.unread_groups}

@@ -10,7 +10,7 @@
   ``max_model_len`` (vLLM's "Maximum concurrency" line, rounded down; what a
   scheduler that reserves each request's maximum admits, such as
   TensorRT-LLM's default ``GUARANTEED_NO_EVICT`` policy);
-- ``seats``: sequences a paged engine holds at the traffic's full length
+- ``block_seats``: sequences a paged engine holds at the traffic's full length
   (prompt + output), each holding only the blocks its tokens fill (a sliding
   layer keeps the blocks of its window, vLLM's ``SlidingWindowManager``);
   with prefix caching the shared prompt's full blocks are held once;
@@ -66,9 +66,9 @@ class Capacity:
     pool: KVPool  # one GPU's pool, as vLLM builds and logs it
     weight_bytes_per_gpu: int
     guaranteed_seats: int  # every sequence at max_model_len
-    blocks_per_sequence: int  # held at the traffic's full length (shared blocks excluded)
+    held_blocks_per_sequence: int  # held at the traffic's full length (shared blocks excluded)
     shared_blocks: int  # the system prompt's full blocks, held once (prefix caching)
-    seats: int  # sequences at the traffic's full length
+    block_seats: int  # sequences whose held blocks fit the pool, at the traffic's full length
     batch: int  # sequences decoding together
     limited_by: str  # "KV cache", "max_num_seqs", "token budget" or "traffic"
     step: StepTime  # the mean step at ``batch`` (one GPU)
@@ -112,7 +112,7 @@ class Capacity:
     def full_use_limited_by(self) -> str:
         """What caps the full-use batch: ``"KV cache"``, ``"max_num_seqs"`` or
         ``"token budget"``."""
-        return _binding(_caps(self.scenario, self.seats, self.shared_blocks))
+        return _binding(_caps(self.scenario, self.block_seats, self.shared_blocks))
 
     @property
     def bound_by(self) -> str:
@@ -131,9 +131,9 @@ class Capacity:
         return 1 / self.step_s
 
     @property
-    def total_seats(self) -> int:
+    def total_block_seats(self) -> int:
         """Seats over every replica."""
-        return self.scenario.replicas * self.seats
+        return self.scenario.replicas * self.block_seats
 
 
 def held_blocks(groups: tuple[KVCacheGroup, ...], tokens: int) -> int:
@@ -144,19 +144,21 @@ def held_blocks(groups: tuple[KVCacheGroup, ...], tokens: int) -> int:
     return sum(group.spec.held_blocks(tokens, group.block_size) for group in groups)
 
 
-def seats_with_shared_prefix(pool_blocks: int, blocks_per_sequence: int, shared_blocks: int) -> int:
-    """Sequences of ``blocks_per_sequence`` blocks whose first ``shared_blocks`` are one copy.
+def seats_with_shared_prefix(
+    pool_blocks: int, held_blocks_per_sequence: int, shared_blocks: int
+) -> int:
+    """Sequences of ``held_blocks_per_sequence`` blocks whose first ``shared_blocks`` are one copy.
 
     ``(pool - shared) // (per_sequence - shared)``; without sharing, ``pool // per_sequence``.
     """
     require_int(pool_blocks, "pool_blocks")
-    require_int(blocks_per_sequence, "blocks_per_sequence", 1)
+    require_int(held_blocks_per_sequence, "held_blocks_per_sequence", 1)
     require_int(shared_blocks, "shared_blocks")
-    if shared_blocks >= blocks_per_sequence:
+    if shared_blocks >= held_blocks_per_sequence:
         raise ValueError("shared_blocks must leave each sequence at least one block of its own")
     if pool_blocks < shared_blocks:
         return 0
-    return (pool_blocks - shared_blocks) // (blocks_per_sequence - shared_blocks)
+    return (pool_blocks - shared_blocks) // (held_blocks_per_sequence - shared_blocks)
 
 
 def decode_flops_per_token(cfg: ModelConfig, context_tokens: int) -> int | None:
@@ -336,9 +338,9 @@ def assess(s: Scenario) -> Capacity:
         pool=pool,
         weight_bytes_per_gpu=weights,
         guaranteed_seats=guaranteed,
-        blocks_per_sequence=per_sequence - shared,
+        held_blocks_per_sequence=per_sequence - shared,
         shared_blocks=shared,
-        seats=seats,
+        block_seats=seats,
         batch=batch,
         limited_by=limited_by,
         step=step,

@@ -35,7 +35,7 @@ from kvlib.bounds import valid_tp_degrees
 from kvlib.capacity.assessment import Capacity, assess
 from kvlib.capacity.scenario import Scenario, ScenarioError
 from kvlib.config import ModelConfig
-from kvlib.dtypes import DTYPE_BITS, check_dtype
+from kvlib.dtypes import DTYPE_BITS, require_dtype
 from kvlib.sizing import kv_bytes
 
 __all__ = ["COST_TIERS", "RAISED_GPU_MEMORY_UTILIZATION", "Ranking", "RemedyEffect",
@@ -65,9 +65,9 @@ class RemedyEffect:
         return COST_TIERS[self.tier]
 
     @property
-    def seats_gained(self) -> int:
+    def block_seats_gained(self) -> int:
         """Sequences at the traffic's length the deployment holds in addition."""
-        return self.after.total_seats - self.before.total_seats
+        return self.after.total_block_seats - self.before.total_block_seats
 
     @property
     def guaranteed_seats_gained(self) -> int:
@@ -99,7 +99,7 @@ def _context_from_need(s: Scenario) -> Scenario:
 
 
 def _fp8_cache(s: Scenario) -> Scenario:
-    if DTYPE_BITS[check_dtype(s.kv_dtype)] <= 8:
+    if DTYPE_BITS[require_dtype(s.kv_dtype)] <= 8:
         raise _NotApplicable(f"the cache is already {s.kv_dtype}")
     return dataclasses.replace(s, kv_dtype="fp8")
 
@@ -127,7 +127,7 @@ def _memory_utilization(s: Scenario) -> Scenario:
 def _fp8_weights(s: Scenario) -> Scenario:
     if s.weight_dtype is None and s.model.quantization is not None:
         raise _NotApplicable(f"{s.model.name} ships quantized weights")
-    if s.weight_dtype is not None and DTYPE_BITS[check_dtype(s.weight_dtype)] <= 8:
+    if s.weight_dtype is not None and DTYPE_BITS[require_dtype(s.weight_dtype)] <= 8:
         raise _NotApplicable(f"the weights are already {s.weight_dtype}")
     if s.gpu.fp8_dense_flops_per_s is None:
         raise _NotApplicable(f"{s.gpu.name} has no fp8 tensor cores")

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from kvlib._validate import require_fraction, require_int
 from kvlib.bounds import tp_error as bounds_tp_error
 from kvlib.config import ModelConfig
-from kvlib.dtypes import check_dtype
+from kvlib.dtypes import require_dtype
 from kvlib.hardware import VLLM_GPU_MEMORY_UTILIZATION, GPUSpec
 from kvlib.step import ASSUMED_MFU, VLLM_MAX_NUM_BATCHED_TOKENS_API
 from kvlib.units import GiB
@@ -101,7 +101,7 @@ def check_scenario(s: Scenario) -> None:
         raise ScenarioError(f"matmul_dtype must be 'bf16' or 'fp8', got {s.matmul_dtype!r}")
     if s.matmul_dtype == "fp8" and s.weight_dtype != "fp8":
         raise ScenarioError("matmul_dtype 'fp8' needs fp8 weights (W8A8): set weight_dtype='fp8'")
-    check_dtype(s.kv_dtype)
+    require_dtype(s.kv_dtype)
     limit = s.model.max_position_embeddings
     if s.max_model_len is not None:
         require_int(s.max_model_len, "max_model_len", 1)

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kvlib.commands import UsageError, emit, fail
-from kvlib.dtypes import bytes_for, check_dtype
+from kvlib.dtypes import bytes_for, require_dtype
 from kvlib.units import format_bytes, format_flops, format_rate, parse_bytes
 
 __all__ = [
@@ -221,7 +221,7 @@ def _dtype(text: str | None, on_gpu: bool) -> str:
         return "bf16" if on_gpu else "fp32"
     name = ""
     with contextlib.suppress(ValueError):
-        name = check_dtype(text)
+        name = require_dtype(text)
     if name not in ("bf16", "fp16", "fp32"):
         raise UsageError(f"--dtype {text!r} cannot be timed here: use one of {_DTYPES}")
     return name

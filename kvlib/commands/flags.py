@@ -6,7 +6,7 @@ from __future__ import annotations
 from kvlib import bounds
 from kvlib.commands import UsageError, hub
 from kvlib.config import ModelConfig
-from kvlib.dtypes import DTYPE_BITS, check_dtype
+from kvlib.dtypes import DTYPE_BITS, require_dtype
 from kvlib.tiers.links import Link, get_link
 
 __all__ = ["dtype", "link", "model", "tp"]
@@ -28,7 +28,7 @@ def link(name: str) -> Link:
 def dtype(flag: str, value: str) -> str:
     """The dtype ``flag`` names, checked."""
     try:
-        return check_dtype(value)
+        return require_dtype(value)
     except ValueError:
         raise UsageError(f"{flag} {value!r} is not a dtype: use one of "
                          f"{', '.join(DTYPE_BITS)}") from None

@@ -88,8 +88,8 @@ class SizeReport:
     decode_bytes_per_gpu: int | None
     decode_tokens_per_s_bound: float | None
     block_size: int
-    page_bytes: int | None
-    blocks_per_sequence: int | None
+    block_bytes: int | None
+    blocks_per_request: int | None
     pool_blocks: int | None
     pool_tokens: int | None
     max_concurrency: float | None
@@ -308,8 +308,8 @@ def size_report(args: argparse.Namespace) -> SizeReport:
         decode_bytes_per_gpu=step_bytes,
         decode_tokens_per_s_bound=speed,
         block_size=args.block_size,
-        page_bytes=pool.page_bytes,
-        blocks_per_sequence=pool.blocks_per_sequence,
+        block_bytes=pool.block_bytes,
+        blocks_per_request=pool.blocks_per_request,
         pool_blocks=pool.pool_blocks,
         pool_tokens=pool.pool_tokens,
         max_concurrency=pool.max_concurrency,
@@ -323,8 +323,8 @@ def size_report(args: argparse.Namespace) -> SizeReport:
 
 @dataclass(frozen=True)
 class _Pool:
-    page_bytes: int | None = None
-    blocks_per_sequence: int | None = None
+    block_bytes: int | None = None
+    blocks_per_request: int | None = None
     pool_blocks: int | None = None
     pool_tokens: int | None = None
     max_concurrency: float | None = None
@@ -343,7 +343,7 @@ def _pool(
         )
     try:
         page = vllm_pool.unified_page_bytes(cfg, args.block_size, kv_dtype, args.tp)
-        per_sequence = vllm_pool.blocks_per_sequence(cfg, args.context, args.block_size, kv_dtype)
+        per_sequence = vllm_pool.blocks_per_request(cfg, args.context, args.block_size, kv_dtype)
     except ValueError as err:  # a layout vLLM pages in a way kvlib does not model
         notes.append(f"no vLLM pool figures: {err}")
         return _Pool()
@@ -526,10 +526,10 @@ def _seat_rows(r: SizeReport) -> list[tuple[str, str]]:
 
 
 def _pool_rows(r: SizeReport) -> list[tuple[str, str]]:
-    if r.page_bytes is None:
+    if r.block_bytes is None:
         return []
-    rows = [(f"page ({r.block_size} tokens, all layers)", _bytes(r.page_bytes, exact=True))]
-    rows.append((f"blocks for {r.context_tokens:,} tokens", f"{r.blocks_per_sequence:,}"))
+    rows = [(f"page ({r.block_size} tokens, all layers)", _bytes(r.block_bytes, exact=True))]
+    rows.append((f"blocks for {r.context_tokens:,} tokens", f"{r.blocks_per_request:,}"))
     if r.pool_blocks is not None:
         rows.append(("pool (vLLM)", f"{r.pool_blocks:,} blocks = {r.pool_tokens:,} tokens"))
     if r.max_concurrency is not None:

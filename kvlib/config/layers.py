@@ -171,14 +171,7 @@ def _spec(
     indexed = layer_type == "indexed_attention" and own_indexer
     indexer = get_int(text, "index_head_dim") if indexed else 0
     if mla is not None:
-        return MLALatent(
-            kv_lora_rank=mla.kv_lora_rank,
-            qk_rope_head_dim=mla.qk_rope_head_dim,
-            num_heads=heads.num_heads,
-            qk_nope_head_dim=mla.qk_nope_head_dim,
-            v_head_dim=mla.v_head_dim,
-            indexer_head_dim=indexer,
-        )
+        return MLALatent(mla, indexer_head_dim=indexer)
     if indexer:
         raise ConfigError(
             "indexed_attention layers need the MLA fields 'kv_lora_rank' and 'qk_rope_head_dim'"

@@ -33,7 +33,7 @@ from kvlib.config.parts import (
     vision_from,
 )
 from kvlib.dtypes import canonical_dtype
-from kvlib.specs import CacheSpec
+from kvlib.specs import CacheSpec, SlidingWindow
 
 __all__ = [
     "ModelConfig",
@@ -69,7 +69,7 @@ class ModelConfig:
     head_dim: int
     hidden_size: int
     layers: tuple[CacheSpec, ...]
-    sliding_window: int | None
+    sliding_window: int | None  # W of the sliding layers (largest), None without any
     mla: MLAShape | None
     indexer: IndexerShape | None
     moe: MoEConfig | None
@@ -208,7 +208,7 @@ def from_dict(data: Mapping[str, Any], *, name: str = "custom") -> ModelConfig:
     types = layer_types(text, heads.num_layers, sliding_window(text))
     check_modelled(text, types, heads.head_dim, mla is not None)
     layers = specs_from_types(text, types, heads, mla)
-    windows = {layer.cap_tokens + 1 for layer in layers if layer.cap_tokens is not None}
+    windows = {layer.window for layer in layers if isinstance(layer, SlidingWindow)}
     return ModelConfig(
         name=name,
         model_type=str(text.get("model_type", data.get("model_type", "unknown"))),

@@ -20,7 +20,7 @@ from fractions import Fraction
 
 from kvlib._validate import is_number, require_int
 from kvlib.config import MLAShape, ModelConfig
-from kvlib.dtypes import DTYPE_BITS, bytes_for, check_dtype
+from kvlib.dtypes import DTYPE_BITS, bytes_for, require_dtype
 from kvlib.sizing import kv_bytes_per_token
 from kvlib.specs import DS_MLA_FP8_BYTES_PER_TOKEN
 
@@ -114,7 +114,7 @@ class KVReduction:
 def _bits(value: int | float | Fraction | str, name: str) -> Fraction:
     """Average bits per element from a dtype name (``"bf16"`` -> 16) or a number (6)."""
     if isinstance(value, str):
-        return Fraction(DTYPE_BITS[check_dtype(value)])
+        return Fraction(DTYPE_BITS[require_dtype(value)])
     if not (is_number(value) or isinstance(value, Fraction)):
         raise ValueError(f"{name} must be a dtype name or a number of bits, got {value!r}")
     bits = Fraction(value)
@@ -181,8 +181,9 @@ def vllm_latent_entry_bytes(cfg: ModelConfig, cache_dtype: str) -> int:
 
     ``MLAAttentionSpec.real_page_size_bytes`` over ``block_size``: ``auto``/``bfloat16``
     keep ``d_c + d_r`` elements at 2 bytes, ``fp8``/``fp8_e4m3`` at one byte (one scale
-    for the whole tensor), ``fp8_ds_mla`` is DeepSeek-V3.2's 656-byte entry (512 fp8
-    values, four fp32 scales, 64 bf16 RoPE values). Raises, naming the reason, for a
+    for the whole tensor), ``fp8_ds_mla`` is DeepSeek-V3.2's entry of
+    :data:`kvlib.specs.DS_MLA_FP8_BYTES_PER_TOKEN` (512 fp8 values, four fp32 scales,
+    64 bf16 RoPE values). Raises, naming the reason, for a
     dtype whose entry vLLM's code does not define.
     """
     mla = MLAShape.from_config(cfg)

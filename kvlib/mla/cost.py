@@ -22,7 +22,7 @@ from typing import Literal
 
 from kvlib._validate import require_int
 from kvlib.config import IndexerShape, MLAShape
-from kvlib.dtypes import DTYPE_BITS, check_dtype
+from kvlib.dtypes import DTYPE_BITS, require_dtype
 from kvlib.specs import causal_pairs
 from kvlib.specs.latent import absorbed_flops_per_key, naive_flops_per_key
 
@@ -98,8 +98,8 @@ def mla_step_cost(
             f"query_tokens ({query_tokens}) exceeds context_tokens ({context_tokens}): the "
             "context counts the new tokens too"
         )
-    kv_bits = DTYPE_BITS[check_dtype(kv_dtype)]
-    weight_bits = DTYPE_BITS[check_dtype(weight_dtype)]
+    kv_bits = DTYPE_BITS[require_dtype(kv_dtype)]
+    weight_bits = DTYPE_BITS[require_dtype(weight_dtype)]
     s, t, heads = query_tokens, context_tokens, shape.num_heads
     rank, rope = shape.kv_lora_rank, shape.qk_rope_head_dim
     nope, value = shape.qk_nope_head_dim, shape.v_head_dim
@@ -162,7 +162,8 @@ def latent_read_cost(
     scores all ``T`` keys, ``2 H_I T (d_I + 1)`` FLOPs (a dot product per head, then
     the weighted sum over heads), reading ``T`` indexer keys; attention then reads
     only ``k = min(top_k, T)`` latents. Bytes per token are per layer, in the cache's
-    layout (1,152 at bf16; 656 + 132 for vLLM's fp8 DeepSeek-V3.2 cache).
+    layout (1,152 at bf16; ``DS_MLA_FP8_BYTES_PER_TOKEN`` + 132 for vLLM's fp8
+    DeepSeek-V3.2 cache).
     """
     require_int(context_tokens, "context_tokens", 1)
     require_int(latent_bytes_per_token, "latent_bytes_per_token", 1)

@@ -18,7 +18,7 @@ from kvlib._validate import cdiv, require_fraction, require_int
 from kvlib.bounds import kv_bytes_per_gpu
 from kvlib.bounds import weight_bytes_per_gpu as bounds_weight_bytes_per_gpu
 from kvlib.config import ModelConfig
-from kvlib.dtypes import check_dtype
+from kvlib.dtypes import require_dtype
 from kvlib.hardware import VLLM_GPU_MEMORY_UTILIZATION, GPUSpec, vllm_budget_bytes
 from kvlib.sizing import kv_bytes, seats
 from kvlib.weights.layouts import weight_groups
@@ -54,7 +54,7 @@ def weight_bytes_per_gpu(
     if attention not in ("tp", "dp"):
         raise ValueError(f"attention must be 'tp' or 'dp', got {attention!r}")
     if weight_dtype is not None:
-        check_dtype(weight_dtype)
+        require_dtype(weight_dtype)
     if attention == "tp":
         return bounds_weight_bytes_per_gpu(cfg, gpus, weight_dtype)
     groups = weight_groups(cfg)

@@ -22,7 +22,7 @@ __all__ = [
     "QuantError",
     "Quantized",
     "ScaledCodes",
-    "check_input",
+    "require_input",
     "measure_error",
     "tensor_bytes",
 ]
@@ -108,7 +108,7 @@ def tensor_bytes(*tensors: torch.Tensor | None) -> int:
     return sum(t.numel() * t.element_size() for t in tensors if t is not None)
 
 
-def check_input(x: object, name: str = "x", *, min_rank: int = 1) -> torch.Tensor:
+def require_input(x: object, name: str = "x", *, min_rank: int = 1) -> torch.Tensor:
     """``x`` as float32, or a ValueError/TypeError naming ``name`` and the fix.
 
     Refuses non-tensors, non-float dtypes, too few dimensions, empty tensors and
@@ -143,7 +143,7 @@ def check_input(x: object, name: str = "x", *, min_rank: int = 1) -> torch.Tenso
 
 def measure_error(x: torch.Tensor, q: Quantized) -> QuantError:
     """Round-trip error of ``q`` (made from ``x``) against the format's own bound."""
-    reference = check_input(x)
+    reference = require_input(x)
     if tuple(reference.shape) != tuple(q.shape):
         raise ValueError(f"x has shape {tuple(reference.shape)} but q holds shape {q.shape}")
     err = (q.dequantize() - reference).abs()

@@ -31,7 +31,7 @@ from typing import Literal
 import torch
 
 from kvlib._validate import is_number
-from kvlib.nn.quant import FLOAT_SLACK, SMALLEST_SCALE, ScaledCodes, check_input
+from kvlib.nn.quant import FLOAT_SLACK, SMALLEST_SCALE, ScaledCodes, require_input
 
 __all__ = ["FP8_MAX", "Fp8Scaled", "Granularity", "quantize_fp8"]
 
@@ -74,10 +74,10 @@ def quantize_fp8(
 ) -> Fp8Scaled:
     """fp8 e4m3 codes of ``x``: per-tensor (dynamic or static ``scale``) or per-token."""
     if granularity == "tensor":
-        x = check_input(x)
+        x = require_input(x)
         step = _from_amax(x.abs().amax()) if scale is None else _static_scale(scale)
     elif granularity == "token":
-        x = check_input(x, min_rank=2)
+        x = require_input(x, min_rank=2)
         if scale is not None:
             raise ValueError(
                 "scale is for granularity='tensor' (one static scale); per-token scales "

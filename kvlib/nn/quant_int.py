@@ -38,7 +38,7 @@ from dataclasses import dataclass
 import torch
 
 from kvlib._validate import is_int, require_int
-from kvlib.nn.quant import FLOAT_SLACK, SMALLEST_SCALE, ScaledCodes, check_input, tensor_bytes
+from kvlib.nn.quant import FLOAT_SLACK, SMALLEST_SCALE, ScaledCodes, require_input, tensor_bytes
 
 __all__ = [
     "Int4Grouped",
@@ -70,7 +70,7 @@ class Int8PerChannel(ScaledCodes):
 
 def quantize_int8(x: torch.Tensor, *, axis: int = 0) -> Int8PerChannel:
     """Symmetric int8 with one scale per index along ``axis`` (0: rows of a weight)."""
-    x = check_input(x, min_rank=2)
+    x = require_input(x, min_rank=2)
     if not is_int(axis) or not -x.dim() <= axis < x.dim():
         raise ValueError(f"axis must be an int in [{-x.dim()}, {x.dim()}), got {axis!r}")
     axis %= x.dim()
@@ -128,7 +128,7 @@ def quantize_int4(
     x: torch.Tensor, *, group_size: int = 128, scale_dtype: torch.dtype = torch.float16
 ) -> Int4Grouped:
     """Asymmetric int4 in groups of ``group_size`` along each row of a 2-D ``x``."""
-    x = check_input(x, min_rank=2)
+    x = require_input(x, min_rank=2)
     if x.dim() != 2:
         raise ValueError(
             f"x must be 2-D (rows, columns), got shape {tuple(x.shape)}: "
@@ -225,7 +225,7 @@ def quantize_q4_0(x: torch.Tensor) -> Q4_0Blocks:
     ``min(15, floor(x / d + 8.5))``. The value ``m`` itself is exact (code 0)
     and the opposite extreme clips to code 15, ``-7 d``.
     """
-    x = check_input(x, min_rank=2)
+    x = require_input(x, min_rank=2)
     if x.dim() != 2 or x.shape[1] % Q4_0_BLOCK:
         raise ValueError(
             f"x must be 2-D with a multiple of {Q4_0_BLOCK} columns (q4_0 blocks), "

@@ -208,7 +208,7 @@ def recall_curves(
     if not isinstance(massive_share, int | float) or not 0 < massive_share <= 1:
         raise ValueError(f"massive_share must be in (0, 1], got {massive_share!r}")
     head = head or Head()
-    contexts = _check_contexts(contexts)
+    contexts = _require_contexts(contexts)
     for name, value in (("haystacks", haystacks), ("needles", needles)):
         require_int(value, name, 1)
     names = [c.name for c in calibrations]
@@ -278,7 +278,7 @@ def tie_recall_bound(head: Head, k_scale: float, contexts: Sequence[int]) -> lis
     distractor rounds to the top code, with the query's sign. Valid when the
     needle itself saturates; otherwise no tie exists and the bound is 1.
     """
-    contexts = _check_contexts(contexts)
+    contexts = _require_contexts(contexts)
     threshold = _SATURATES_FROM * k_scale
     tail = 0.5 * math.erfc(threshold / head.massive_std / math.sqrt(2))
     p = tail**head.massive_channels
@@ -287,7 +287,7 @@ def tie_recall_bound(head: Head, k_scale: float, contexts: Sequence[int]) -> lis
     return [(1 - (1 - p) ** t) / (t * p) for t in contexts]
 
 
-def _check_contexts(contexts: Sequence[int]) -> list[int]:
+def _require_contexts(contexts: Sequence[int]) -> list[int]:
     values = list(contexts)
     if not values or any(not is_int(t) or t < 1 for t in values):
         raise ValueError(f"contexts must be positive ints, got {contexts!r}")

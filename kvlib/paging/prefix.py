@@ -144,19 +144,19 @@ class PrefixSharing:
     block_size: int
 
     @property
-    def blocks_per_request(self) -> int:
+    def held_blocks_per_request(self) -> int:
         """``cdiv(prompt, B)``: whole blocks one prompt needs on its own."""
         return cdiv(self.prompt_tokens, self.block_size)
 
     @property
     def blocks_without_sharing(self) -> int:
         """``N x cdiv(prompt, B)``."""
-        return self.num_requests * self.blocks_per_request
+        return self.num_requests * self.held_blocks_per_request
 
     @property
     def blocks_with_sharing(self) -> int:
         """The shared blocks once, plus each request's own blocks."""
-        own = self.blocks_per_request - self.shared_blocks
+        own = self.held_blocks_per_request - self.shared_blocks
         return self.shared_blocks + self.num_requests * own
 
     @property

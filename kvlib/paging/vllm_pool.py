@@ -64,7 +64,7 @@ __all__ = [
     "KVCacheGroup",
     "KVPool",
     "LayerPage",
-    "blocks_per_sequence",
+    "blocks_per_request",
     "kv_cache_groups",
     "kv_memory_on_gpu",
     "kv_memory_range",
@@ -102,7 +102,7 @@ class LayerPage:
     """What vLLM's cache manager needs of one layer: its type and its page."""
 
     kind: str  # "full" (full attention or MLA), "sliding" or "chunked"
-    window_tokens: int | None  # W for a sliding layer, the chunk for a chunked one
+    span_tokens: int | None  # tokens a local layer attends over: W (sliding) or C (chunked)
     page_bytes: int  # one block of this layer, on one GPU
     block_size: int
 
@@ -141,7 +141,7 @@ class KVCacheGroup:
     """Layers sharing one block table: ``num_layers`` real layers (padding not counted)."""
 
     kind: str
-    window_tokens: int | None
+    span_tokens: int | None
     block_size: int
     page_bytes: int  # per layer
     num_layers: int
@@ -149,7 +149,7 @@ class KVCacheGroup:
     @property
     def spec(self) -> CacheSpec:
         """A one-head layer of this group's kind: its block formulas are the group's."""
-        return vllm_group_spec(self.kind, self.window_tokens)
+        return vllm_group_spec(self.kind, self.span_tokens)
 
     def blocks_per_request(self, max_model_len: int, max_num_batched_tokens: int) -> int:
         """Blocks vLLM budgets one request of ``max_model_len`` tokens in this group
@@ -166,12 +166,12 @@ def kv_cache_groups(
     pages = layer_pages(cfg, block_size, kv_dtype, tp)
     first = pages[0]
     if all(p == first for p in pages):
-        return [KVCacheGroup(first.kind, first.window_tokens, block_size, first.page_bytes,
+        return [KVCacheGroup(first.kind, first.span_tokens, block_size, first.page_bytes,
                              len(pages))]
-    if len({(p.kind, p.window_tokens) for p in pages}) == 1:
+    if len({(p.kind, p.span_tokens) for p in pages}) == 1:
         # UniformTypeKVCacheSpecs: one group whose page is the sum of the layers' pages.
         total = sum(p.page_bytes for p in pages)
-        return [KVCacheGroup(first.kind, first.window_tokens, block_size, total, 1)]
+        return [KVCacheGroup(first.kind, first.span_tokens, block_size, total, 1)]
     # Mixed attention types: one page size for all, the smaller pages' block size grown.
     largest = max(p.page_bytes for p in pages)
     for p in pages:
@@ -181,7 +181,7 @@ def kv_cache_groups(
                 "unify them by growing the block size"
             )
     by_type = Counter(
-        (p.kind, p.window_tokens, p.block_size * (largest // p.page_bytes)) for p in pages
+        (p.kind, p.span_tokens, p.block_size * (largest // p.page_bytes)) for p in pages
     )
     counts = by_type.values()
     # Pad the smaller type rather than split the larger when the counts are close.
@@ -243,7 +243,7 @@ class KVPool:
     block_size: int
     max_model_len: int
     groups: tuple[KVCacheGroup, ...]
-    page_bytes: int  # bytes of one block id across every layer on this GPU
+    block_bytes: int  # one block id across every layer on this GPU (a layer's page x layers)
     num_blocks: int  # vLLM's num_gpu_blocks
     pool_tokens: int  # "GPU KV cache size: N tokens", as vllm_version logs it
     blocks_per_request: int  # budget of one request of max_model_len tokens
@@ -254,14 +254,14 @@ class KVPool:
     @property
     def min_kv_memory_bytes(self) -> int:
         """Least memory vLLM accepts: one request of ``max_model_len`` must fit."""
-        return self.blocks_per_request * self.page_bytes
+        return self.blocks_per_request * self.block_bytes
 
     def budget_bytes(self, max_model_len: int) -> int:
         """KV memory one request of ``max_model_len`` tokens is budgeted (vLLM's
         ``max_memory_usage_bytes``): the blocks of every group, times the page."""
         blocks = sum(g.blocks_per_request(max_model_len, self.max_num_batched_tokens)
                      for g in self.groups)
-        return blocks * self.page_bytes
+        return blocks * self.block_bytes
 
     @property
     def estimated_max_model_len(self) -> int:
@@ -366,7 +366,7 @@ def kv_pool(
         block_size=block_size,
         max_model_len=max_model_len,
         groups=tuple(groups),
-        page_bytes=page,
+        block_bytes=page,
         num_blocks=num_blocks,
         pool_tokens=logged_pool_tokens(num_blocks, groups, concurrency, max_model_len,
                                        vllm_version),
@@ -419,7 +419,7 @@ def unified_page_bytes(
     return groups[0].page_bytes * max(g.num_layers for g in groups)
 
 
-def blocks_per_sequence(
+def blocks_per_request(
     cfg: ModelConfig,
     context_tokens: int,
     block_size: int = DEFAULT_BLOCK_SIZE,
@@ -429,7 +429,9 @@ def blocks_per_sequence(
 ) -> int:
     """Block ids vLLM budgets a request of ``context_tokens``, summed over its groups.
 
-    ``cdiv(T, B)`` for a model of full-attention (or MLA) layers only.
+    ``cdiv(T, B)`` for a model of full-attention (or MLA) layers only. A budget, not
+    what a sequence holds: a sliding-window group is budgeted its window plus one chunk
+    (:func:`kvlib.capacity.assessment.held_blocks` counts the blocks actually held).
     """
     require_int(context_tokens, "context_tokens", 1)
     return sum(

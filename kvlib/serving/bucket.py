@@ -36,7 +36,7 @@ __all__ = [
     "Decision",
     "TokenBucket",
     "burst_admits",
-    "check_cost",
+    "require_cost",
     "per_minute",
     "settlement",
 ]
@@ -79,7 +79,7 @@ class Decision:
         return {"Retry-After": str(max(1, math.ceil(self.retry_after_s)))}
 
 
-def check_cost(cost: float, capacity: float, what: str = "cost") -> float:
+def require_cost(cost: float, capacity: float, what: str = "cost") -> float:
     """A request's cost in tokens, refused if negative or larger than the bucket can ever hold."""
     if not is_number(cost) or not math.isfinite(cost):
         raise ValueError(f"{what} must be a finite number of tokens, got {cost!r}")
@@ -141,7 +141,7 @@ class TokenBucket:
 
     def try_acquire(self, cost: float = 1.0) -> Decision:
         """Take ``cost`` tokens if the bucket holds them (200); else a 429 with Retry-After."""
-        cost = check_cost(cost, self.capacity)
+        cost = require_cost(cost, self.capacity)
         with self._lock:
             tokens = self._refill()
             if tokens + EPSILON_TOKENS >= cost:

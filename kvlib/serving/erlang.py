@@ -34,10 +34,10 @@ from kvlib._validate import WrongTypeError, is_int, is_number
 __all__ = [
     "QueueStats",
     "UnstableQueueError",
-    "check_quantile",
-    "check_rate",
-    "check_seconds",
-    "check_servers",
+    "require_quantile",
+    "require_rate",
+    "require_seconds",
+    "require_servers",
     "erlang_c",
     "mm1",
     "mmc",
@@ -50,7 +50,7 @@ class UnstableQueueError(ValueError):
     """Utilization at or above 1: the queue grows without bound, no steady-state wait exists."""
 
 
-def check_rate(name: str, value: float) -> float:
+def require_rate(name: str, value: float) -> float:
     """``value`` as a float rate per second, or a TypeError/ValueError naming ``name``."""
     if not is_number(value):
         raise WrongTypeError(f"{name} must be a number per second, got {type(value).__name__}")
@@ -59,7 +59,7 @@ def check_rate(name: str, value: float) -> float:
     return float(value)
 
 
-def check_seconds(name: str, value: float) -> float:
+def require_seconds(name: str, value: float) -> float:
     """``value`` as a positive float number of seconds, or an error naming ``name``."""
     if not is_number(value):
         raise WrongTypeError(f"{name} must be a number of seconds, got {type(value).__name__}")
@@ -68,14 +68,14 @@ def check_seconds(name: str, value: float) -> float:
     return float(value)
 
 
-def check_servers(value: int) -> int:
+def require_servers(value: int) -> int:
     """``value`` if it is a whole number of servers >= 1, else a ValueError."""
     if not is_int(value) or value < 1:
         raise ValueError(f"servers must be a whole number >= 1, got {value!r}")
     return value
 
 
-def check_quantile(q: float) -> float:
+def require_quantile(q: float) -> float:
     """``q`` if it is a probability strictly between 0 and 1, else a ValueError."""
     if not is_number(q) or not 0 < q < 1:
         raise ValueError(f"q must be a probability strictly between 0 and 1, got {q!r}")
@@ -84,8 +84,8 @@ def check_quantile(q: float) -> float:
 
 def utilization(arrivals_per_s: float, service_s: float, servers: int = 1) -> float:
     """``rho = lambda * S / c``: the fraction of server time busy (may be >= 1)."""
-    lam, s = check_rate("arrivals_per_s", arrivals_per_s), check_seconds("service_s", service_s)
-    return lam * s / check_servers(servers)
+    lam, s = require_rate("arrivals_per_s", arrivals_per_s), require_seconds("service_s", service_s)
+    return lam * s / require_servers(servers)
 
 
 def _check_stable(rho: float, arrivals_per_s: float, service_s: float, servers: int) -> None:
@@ -100,7 +100,7 @@ def _check_stable(rho: float, arrivals_per_s: float, service_s: float, servers: 
 
 def erlang_c(servers: int, offered_load: float) -> float:
     """Erlang's C: probability that an arrival waits in M/M/c at ``offered_load = lambda*S``."""
-    c, a = check_servers(servers), check_rate("offered_load", offered_load)
+    c, a = require_servers(servers), require_rate("offered_load", offered_load)
     _check_stable(a / c, a, 1.0, c)
     b = 1.0
     for k in range(1, c + 1):  # Erlang B by recursion: no factorials, no overflow
@@ -138,13 +138,13 @@ class QueueStats:
 
     def wait_percentile_s(self, q: float) -> float:
         """The ``q``-quantile of the wait in queue, e.g. ``q=0.99`` for p99."""
-        return tail_quantile_s(self.p_wait, self.decay_per_s, check_quantile(q))
+        return tail_quantile_s(self.p_wait, self.decay_per_s, require_quantile(q))
 
 
 def mmc(arrivals_per_s: float, service_s: float, servers: int) -> QueueStats:
     """M/M/c waits; raises :class:`UnstableQueueError` when utilization >= 1."""
-    lam = check_rate("arrivals_per_s", arrivals_per_s)
-    s, c = check_seconds("service_s", service_s), servers
+    lam = require_rate("arrivals_per_s", arrivals_per_s)
+    s, c = require_seconds("service_s", service_s), servers
     rho = utilization(lam, s, c)
     _check_stable(rho, lam, s, c)
     p_wait = erlang_c(c, lam * s)

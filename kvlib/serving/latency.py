@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from kvlib._validate import require_int
 from kvlib.config import ModelConfig
 from kvlib.hardware import GPUSpec
-from kvlib.serving.erlang import check_quantile, check_rate, check_seconds
+from kvlib.serving.erlang import require_quantile, require_rate, require_seconds
 from kvlib.serving.slots import load_dependent_mmc
 from kvlib.step import (
     ASSUMED_MFU,
@@ -125,8 +125,8 @@ def pool_latency(
 ) -> PoolLatency:
     """Waits, TTFT, TPOT and decode time of ``slots`` on one GPU at ``arrivals_per_s``
     (``services_s``: :func:`service_by_batch_s`'s list, to reuse it across rates)."""
-    rate = check_rate("arrivals_per_s", arrivals_per_s)
-    q = check_quantile(q)
+    rate = require_rate("arrivals_per_s", arrivals_per_s)
+    q = require_quantile(q)
     services = services_s or service_by_batch_s(cfg, gpu, slots, prompt_tokens, output_tokens,
                                                  mfu=mfu)
     queue = load_dependent_mmc(rate, services)
@@ -149,8 +149,8 @@ def goodput_per_s(
     """The largest arrival rate whose ``q``-quantile TTFT and whose TPOT meet the targets
     (0.0 when even a trickle misses them). Both rise with the rate, so a bisection between
     0 and ``c / S(c)`` finds it."""
-    ttft_goal = check_seconds("ttft_target_s", ttft_target_s)
-    tpot_goal = check_seconds("tpot_target_s", tpot_target_s)
+    ttft_goal = require_seconds("ttft_target_s", ttft_target_s)
+    tpot_goal = require_seconds("tpot_target_s", tpot_target_s)
     services = service_by_batch_s(cfg, gpu, slots, prompt_tokens, output_tokens, mfu=mfu)
 
     def meets(rate: float) -> bool:

@@ -35,13 +35,13 @@ from kvlib._validate import is_number
 from kvlib.serving.erlang import (
     QueueStats,
     UnstableQueueError,
-    check_quantile,
-    check_rate,
-    check_seconds,
-    check_servers,
     erlang_c,
     mm1,
     mmc,
+    require_quantile,
+    require_rate,
+    require_seconds,
+    require_servers,
     tail_quantile_s,
     utilization,
 )
@@ -79,15 +79,15 @@ class PriorityStats:
     def paid_wait_percentile_s(self, q: float) -> float:
         """The ``q``-quantile of a paid request's wait."""
         decay = self.servers / self.service_s - self.paid_per_s
-        return tail_quantile_s(self.p_wait, decay, check_quantile(q))
+        return tail_quantile_s(self.p_wait, decay, require_quantile(q))
 
 
 def priority_mmc(
     paid_per_s: float, free_per_s: float, service_s: float, servers: int
 ) -> PriorityStats:
     """Two classes, paid before free (non-preemptive), in one M/M/c pool."""
-    lp, lf = check_rate("paid_per_s", paid_per_s), check_rate("free_per_s", free_per_s)
-    s, c = check_seconds("service_s", service_s), check_servers(servers)
+    lp, lf = require_rate("paid_per_s", paid_per_s), require_rate("free_per_s", free_per_s)
+    s, c = require_seconds("service_s", service_s), require_servers(servers)
     rho, rho_paid = (lp + lf) * s / c, lp * s / c
     if rho >= 1:
         raise UnstableQueueError(
@@ -114,8 +114,8 @@ def shed_fraction_for_utilization(
     ``(lambda_paid + (1 - f) * lambda_free) * S / c <= target`` gives
     ``f = 1 - (target * c / S - lambda_paid) / lambda_free``.
     """
-    lp, lf = check_rate("paid_per_s", paid_per_s), check_rate("free_per_s", free_per_s)
-    s, c = check_seconds("service_s", service_s), check_servers(servers)
+    lp, lf = require_rate("paid_per_s", paid_per_s), require_rate("free_per_s", free_per_s)
+    s, c = require_seconds("service_s", service_s), require_servers(servers)
     if not is_number(target) or not 0 < target < 1:
         raise ValueError(f"target utilization must be strictly between 0 and 1, got {target!r}")
     room_per_s = target * c / s - lp  # free arrivals per second the target leaves room for
@@ -135,7 +135,7 @@ def paid_p95_after_shedding(
     """Paid p95 wait when the gateway refuses ``shed_fraction`` of free arrivals at random."""
     if isinstance(shed_fraction, bool) or not 0 <= shed_fraction <= 1:
         raise ValueError(f"shed_fraction must be between 0 and 1, got {shed_fraction!r}")
-    free = (1 - shed_fraction) * check_rate("free_per_s", free_per_s)
+    free = (1 - shed_fraction) * require_rate("free_per_s", free_per_s)
     return priority_mmc(paid_per_s, free, service_s, servers).paid_p95_wait_s
 
 
@@ -163,8 +163,9 @@ def shed_fraction_for_paid_wait(
     paid_per_s: float, free_per_s: float, service_s: float, servers: int, paid_p95_s: float
 ) -> float:
     """Smallest share of free arrivals to refuse so the paid p95 wait is <= ``paid_p95_s``."""
-    lp, lf = check_rate("paid_per_s", paid_per_s), check_rate("free_per_s", free_per_s)
-    s, c, goal = check_seconds("service_s", service_s), check_servers(servers), float(paid_p95_s)
+    lp, lf = require_rate("paid_per_s", paid_per_s), require_rate("free_per_s", free_per_s)
+    s, c = require_seconds("service_s", service_s), require_servers(servers)
+    goal = float(paid_p95_s)
     if _paid_wait_or_inf(lp, lf, s, c, 0.95) <= goal:
         return 0.0
     if _paid_wait_or_inf(lp, 0.0, s, c, 0.95) > goal:
@@ -191,12 +192,12 @@ def rates_for_paid_waits(
     first wait, then the paid rate giving the second. No mix may give both (a
     pool so large that losing servers barely moves the wait): ValueError.
     """
-    c0, c1 = check_servers(servers_before), check_servers(servers_after)
-    s = check_seconds("service_s", service_s)
-    before = check_seconds("paid_wait_before_s", paid_wait_before_s)
-    after = check_seconds("paid_wait_after_s", paid_wait_after_s)
+    c0, c1 = require_servers(servers_before), require_servers(servers_after)
+    s = require_seconds("service_s", service_s)
+    before = require_seconds("paid_wait_before_s", paid_wait_before_s)
+    after = require_seconds("paid_wait_after_s", paid_wait_after_s)
     if q is not None:
-        q = check_quantile(q)
+        q = require_quantile(q)
     if not c1 < c0 or not after > before:
         raise ValueError(
             "servers_after must be fewer than servers_before, and paid_wait_after_s longer "

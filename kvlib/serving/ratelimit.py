@@ -40,8 +40,8 @@ from kvlib.serving.bucket import (
     Decision,
     TokenBucket,
     burst_admits,
-    check_cost,
     per_minute,
+    require_cost,
     settlement,
 )
 
@@ -260,7 +260,7 @@ class RedisTokenBucket:
 
     def try_acquire(self, cost: float = 1.0) -> Decision:
         """Take ``cost`` tokens atomically if the bucket holds them; else 429 with Retry-After."""
-        return self._buckets.take([check_cost(cost, self.capacity)])
+        return self._buckets.take([require_cost(cost, self.capacity)])
 
     def tokens(self) -> float:
         """Tokens in the bucket now (a zero-cost check)."""
@@ -307,7 +307,7 @@ class RedisRateLimiter:
 
     def admit(self, estimated_tokens: float) -> Decision:
         """Admit one request expected to use ``estimated_tokens`` (prompt + max output)."""
-        cost = check_cost(estimated_tokens, self._buckets.limits[1][0], "estimated_tokens")
+        cost = require_cost(estimated_tokens, self._buckets.limits[1][0], "estimated_tokens")
         return self._buckets.take([1.0, cost])
 
     def complete(self, estimated_tokens: float, actual_tokens: float) -> float | None:
@@ -345,7 +345,7 @@ class NaiveRedisTokenBucket:
 
     def try_acquire(self, cost: float = 1.0) -> Decision:
         """GET, refill, decide, SET: correct alone, wrong under concurrency."""
-        cost = check_cost(cost, self.capacity)
+        cost = require_cost(cost, self.capacity)
         now = self.clock()
         raw = self.client.get(self.key)
         tokens, last = (self.capacity, now) if raw is None else map(float, raw.split())

@@ -37,7 +37,7 @@ import numpy as np
 import numpy.typing as npt
 
 from kvlib.serving.bucket import TokenBucket
-from kvlib.serving.erlang import check_seconds, check_servers
+from kvlib.serving.erlang import require_seconds, require_servers
 
 __all__ = [
     "ArrivalTrace",
@@ -148,7 +148,7 @@ def poisson_workload(
             f"paid_per_s and free_per_s must be >= 0 with a positive sum, got "
             f"{paid_per_s!r} and {free_per_s!r}"
         )
-    check_seconds("service_s", service_s)
+    require_seconds("service_s", service_s)
     if arrivals < 1:
         raise ValueError(f"arrivals must be at least 1, got {arrivals!r}")
     rng = np.random.default_rng(seed)
@@ -220,7 +220,7 @@ class PoolRun:
 
 def simulate_pool(workload: ArrivalTrace, servers: int, gateway: Gateway | None = None) -> PoolRun:
     """The pool, event by event, without SimPy: a heap of slot release times, two queues."""
-    check_servers(servers)
+    require_servers(servers)
     gate = gateway or Gateway()
     now, bucket = gate.meter()
     arrival, service = workload.arrival_s.tolist(), workload.service_s.tolist()
@@ -260,7 +260,7 @@ def simulate_pool_simpy(
     """The same pool as a SimPy model: a ``PriorityResource`` of ``servers`` slots."""
     import simpy
 
-    check_servers(servers)
+    require_servers(servers)
     gate = gateway or Gateway()
     clock, bucket = gate.meter()
     env = simpy.Environment()

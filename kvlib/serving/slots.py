@@ -37,9 +37,9 @@ from kvlib._validate import is_int, is_number
 from kvlib.serving.erlang import (
     QueueStats,
     UnstableQueueError,
-    check_quantile,
-    check_rate,
-    check_seconds,
+    require_quantile,
+    require_rate,
+    require_seconds,
     tail_quantile_s,
 )
 
@@ -64,14 +64,14 @@ def pool_slots(max_num_seqs: int, seats: int) -> int:
 
 def service_s(output_tokens: float, tokens_per_s: float) -> float:
     """``S = output tokens / per-sequence decode rate``: how long a request holds its slot."""
-    tokens = check_seconds("output_tokens", output_tokens)  # a positive number
-    return tokens / check_seconds("tokens_per_s", tokens_per_s)
+    tokens = require_seconds("output_tokens", output_tokens)  # a positive number
+    return tokens / require_seconds("tokens_per_s", tokens_per_s)
 
 
 def in_flight(arrivals_per_s: float, time_in_system_s: float) -> float:
     """Little's law, ``L = lambda x W``: requests in flight on average (J. D. C. Little,
     "A proof for the queuing formula L = lambda W", *Operations Research* 9(3), 1961)."""
-    return check_rate("arrivals_per_s", arrivals_per_s) * check_seconds(
+    return require_rate("arrivals_per_s", arrivals_per_s) * require_seconds(
         "time_in_system_s", time_in_system_s
     )
 
@@ -85,10 +85,12 @@ class LoadDependentStats(QueueStats):
     mean_running: float  # requests decoding at once, on average (the mean batch)
 
 
-def _check_services(service_s_by_batch: Sequence[float]) -> list[float]:
+def _require_services(service_s_by_batch: Sequence[float]) -> list[float]:
     if len(service_s_by_batch) < 1:
         raise ValueError("service_s_by_batch must give S(n) for n = 1 .. c: got an empty list")
-    return [check_seconds(f"service_s_by_batch[{i}]", s) for i, s in enumerate(service_s_by_batch)]
+    return [
+        require_seconds(f"service_s_by_batch[{i}]", s) for i, s in enumerate(service_s_by_batch)
+    ]
 
 
 def load_dependent_mmc(
@@ -98,8 +100,8 @@ def load_dependent_mmc(
     is ``service_s_by_batch[n - 1]``; raises :class:`UnstableQueueError` when
     ``lambda >= c / S(c)``.
     """
-    lam = check_rate("arrivals_per_s", arrivals_per_s)
-    services = _check_services(service_s_by_batch)
+    lam = require_rate("arrivals_per_s", arrivals_per_s)
+    services = _require_services(service_s_by_batch)
     c, full = len(services), services[-1]
     rho = lam * full / c
     if rho >= 1:
@@ -132,8 +134,8 @@ def max_arrivals_for_wait(
     The wait rises with the arrival rate, so a bisection between 0 and the
     pool's saturation rate ``c / S(c)`` finds it.
     """
-    services = _check_services(service_s_by_batch)
-    goal, q = check_seconds("target_wait_s", target_wait_s), check_quantile(q)
+    services = _require_services(service_s_by_batch)
+    goal, q = require_seconds("target_wait_s", target_wait_s), require_quantile(q)
     lo, hi = 0.0, len(services) / services[-1]
     for _ in range(100):
         mid = (lo + hi) / 2

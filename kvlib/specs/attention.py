@@ -85,7 +85,7 @@ class FullAttention(_Heads):
     kind: ClassVar[str] = "full"
 
     @classmethod
-    def vllm_group(cls, window_tokens: int | None) -> FullAttention:
+    def vllm_group(cls, span_tokens: int | None) -> FullAttention:
         """One head standing for vLLM's group of full-attention (and MLA) layers: the
         group's block formulas are this layer's. A full group has no window."""
         return cls(1, 1)
@@ -128,11 +128,11 @@ class SlidingWindow(_Heads):
         return ("sliding", self.window)
 
     @classmethod
-    def vllm_group(cls, window_tokens: int | None) -> SlidingWindow:
+    def vllm_group(cls, span_tokens: int | None) -> SlidingWindow:
         """One head standing for vLLM's group of sliding layers of window ``W``."""
-        if window_tokens is None:
-            raise ValueError("a sliding-window group needs its window_tokens")
-        return cls(1, 1, window_tokens)
+        if span_tokens is None:
+            raise ValueError("a sliding-window group needs its window W as span_tokens")
+        return cls(1, 1, span_tokens)
 
     def layout_note(self, dtype: str) -> str:
         return (
@@ -178,11 +178,11 @@ class ChunkedLocal(_Heads):
         return ("chunked", self.chunk)
 
     @classmethod
-    def vllm_group(cls, window_tokens: int | None) -> ChunkedLocal:
+    def vllm_group(cls, span_tokens: int | None) -> ChunkedLocal:
         """One head standing for vLLM's group of chunked-local layers of chunk ``C``."""
-        if window_tokens is None:
-            raise ValueError("a chunked-local group needs its chunk as window_tokens")
-        return cls(1, 1, window_tokens)
+        if span_tokens is None:
+            raise ValueError("a chunked-local group needs its chunk as span_tokens")
+        return cls(1, 1, span_tokens)
 
 
 _VLLM_GROUPS: dict[str, type[FullAttention] | type[SlidingWindow] | type[ChunkedLocal]] = {
@@ -190,9 +190,9 @@ _VLLM_GROUPS: dict[str, type[FullAttention] | type[SlidingWindow] | type[Chunked
 }
 
 
-def vllm_group_spec(kind: str, window_tokens: int | None) -> CacheSpec:
+def vllm_group_spec(kind: str, span_tokens: int | None) -> CacheSpec:
     """The inverse of ``vllm_page_type()``: a one-head layer of that page type, whose
     block formulas (``held_blocks``, ``vllm_blocks_per_request``) are its group's."""
     if kind not in _VLLM_GROUPS:
         raise ValueError(f"kind must be one of {', '.join(_VLLM_GROUPS)}, got {kind!r}")
-    return _VLLM_GROUPS[kind].vllm_group(window_tokens)
+    return _VLLM_GROUPS[kind].vllm_group(span_tokens)

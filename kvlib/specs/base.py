@@ -10,7 +10,7 @@ from fractions import Fraction
 from typing import ClassVar
 
 from kvlib._validate import cdiv, require_int
-from kvlib.dtypes import check_dtype
+from kvlib.dtypes import require_dtype
 
 __all__ = ["CacheSpec", "causal_pairs"]
 
@@ -52,7 +52,7 @@ class CacheSpec(ABC):
 
     def fixed_bytes(self, dtype: str) -> int:
         """Bytes held per sequence whatever its length (0 for attention caches)."""
-        check_dtype(dtype)
+        require_dtype(dtype)
         return 0
 
     def bytes_for_context(self, context_tokens: int, dtype: str) -> int:

@@ -3,11 +3,31 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import ClassVar, Protocol
 
 from kvlib._validate import cdiv
-from kvlib.dtypes import bytes_for, check_dtype
+from kvlib.dtypes import bytes_for, require_dtype
 from kvlib.specs.base import CacheSpec
+
+
+class _MLAWidths(Protocol):
+    """What an MLA layer reads of :class:`kvlib.config.MLAShape` (the one class holding
+    the widths; kvlib.config builds its layers from kvlib.specs, so it is not imported)."""
+
+    @property
+    def num_heads(self) -> int: ...
+    @property
+    def kv_lora_rank(self) -> int: ...
+    @property
+    def qk_rope_head_dim(self) -> int: ...
+    @property
+    def qk_nope_head_dim(self) -> int: ...
+    @property
+    def v_head_dim(self) -> int: ...
+    @property
+    def latent_dim(self) -> int: ...
+    @property
+    def qk_head_dim(self) -> int: ...
 
 __all__ = [
     "DS_MLA_FP8_BYTES_PER_TOKEN",
@@ -55,30 +75,30 @@ class MLALatent(CacheSpec):
 
     At 16 and 32 bits the latent and the indexer keys are in the cache dtype,
     as transformers caches them. At fp8, the layout of vLLM's sparse-MLA
-    kernels for indexed models (656 B of latent, 132 B of indexer key per
-    128 dims) and plain fp8 (one byte an element, per-tensor scale) otherwise.
+    kernels for indexed models (:data:`DS_MLA_FP8_BYTES_PER_TOKEN` of latent, 132 B of
+    indexer key per 128 dims) and plain fp8 (one byte an element, per-tensor scale) otherwise.
+
+    The layer's widths are the model's :class:`kvlib.config.MLAShape` (one class
+    holds them); this spec adds only what differs layer to layer, the indexer.
     """
 
-    kv_lora_rank: int
-    qk_rope_head_dim: int
-    num_heads: int
-    qk_nope_head_dim: int
-    v_head_dim: int
+    shape: _MLAWidths  # the model's kvlib.config.MLAShape
     indexer_head_dim: int = 0
     kind: ClassVar[str] = "mla"
 
     @property
     def latent_dim(self) -> int:
         """Elements cached per token: ``kv_lora_rank + qk_rope_head_dim``."""
-        return self.kv_lora_rank + self.qk_rope_head_dim
+        return self.shape.latent_dim
 
     def bytes_per_token(self, dtype: str) -> int:
         """Latent (+ indexer key) bytes of one token; see the class docstring for fp8."""
-        if self.indexer_head_dim and check_dtype(dtype) == "fp8":
-            if self.kv_lora_rank != 512 or self.qk_rope_head_dim != 64:
+        if self.indexer_head_dim and require_dtype(dtype) == "fp8":
+            m = self.shape
+            if m.kv_lora_rank != 512 or m.qk_rope_head_dim != 64:
                 raise ValueError(
                     "vLLM's fp8 sparse-MLA entry is defined for a 512 + 64 latent; this "
-                    f"model's is {self.kv_lora_rank} + {self.qk_rope_head_dim}: size it in bf16"
+                    f"model's is {m.kv_lora_rank} + {m.qk_rope_head_dim}: size it in bf16"
                 )
             scales = cdiv(self.indexer_head_dim, INDEXER_FP8_SCALE_BLOCK)
             return DS_MLA_FP8_BYTES_PER_TOKEN + self.indexer_head_dim + 4 * scales
@@ -87,11 +107,11 @@ class MLALatent(CacheSpec):
     def layout_note(self, dtype: str) -> str | None:
         if not self.indexer_head_dim:
             return None
-        if check_dtype(dtype) == "fp8":
+        if require_dtype(dtype) == "fp8":
             return (
-                "MLA at fp8 as vLLM stores DeepSeek-V3.2: 656 B of latent (512 fp8, 4 fp32 "
-                "scales, 64 bf16 RoPE) and 132 B of indexer key (128 fp8, 1 fp32 scale) a "
-                "token a layer"
+                f"MLA at fp8 as vLLM stores DeepSeek-V3.2: {DS_MLA_FP8_BYTES_PER_TOKEN} B of "
+                "latent (512 fp8, 4 fp32 scales, 64 bf16 RoPE) and 132 B of indexer key "
+                "(128 fp8, 1 fp32 scale) a token a layer"
             )
         return (
             f"latent and indexer keys in {dtype}, as transformers caches them (vLLM "
@@ -109,22 +129,24 @@ class MLALatent(CacheSpec):
         """Prefill runs on decompressed heads (vLLM's MLA prefill):
         :func:`naive_flops_per_key` for this layer's own heads (the arguments, which
         size a layer of standard heads, do not apply)."""
+        m = self.shape
         return naive_flops_per_key(
-            self.num_heads, self.qk_nope_head_dim, self.qk_rope_head_dim, self.v_head_dim
+            m.num_heads, m.qk_nope_head_dim, m.qk_rope_head_dim, m.v_head_dim
         )
 
     def decode_flops_per_key(self, num_heads: int, head_dim: int) -> int:
         """Decode runs the absorbed path, queries meeting the latent itself:
         :func:`absorbed_flops_per_key` for this layer's own heads (the arguments do
         not apply)."""
-        return absorbed_flops_per_key(self.num_heads, self.kv_lora_rank, self.qk_rope_head_dim)
+        m = self.shape
+        return absorbed_flops_per_key(m.num_heads, m.kv_lora_rank, m.qk_rope_head_dim)
 
     def decompressed(self) -> DecompressedMLA:
         """Per-head keys (nope + rope) and values for every query head (transformers 4.x)."""
         return DecompressedMLA(
-            num_heads=self.num_heads,
-            qk_head_dim=self.qk_nope_head_dim + self.qk_rope_head_dim,
-            v_head_dim=self.v_head_dim,
+            num_heads=self.shape.num_heads,
+            qk_head_dim=self.shape.qk_head_dim,
+            v_head_dim=self.shape.v_head_dim,
             extra_dim=self.indexer_head_dim,
         )
 

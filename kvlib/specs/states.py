@@ -7,7 +7,7 @@ from fractions import Fraction
 from typing import ClassVar
 
 from kvlib._validate import require_int
-from kvlib.dtypes import bytes_for, check_dtype
+from kvlib.dtypes import bytes_for, require_dtype
 from kvlib.specs.base import CacheSpec
 
 __all__ = ["LinearState", "SharedKV"]
@@ -28,7 +28,7 @@ class LinearState(CacheSpec):
     kind: ClassVar[str] = "linear"
 
     def bytes_per_token(self, dtype: str) -> int:
-        check_dtype(dtype)
+        require_dtype(dtype)
         return 0
 
     def fixed_bytes(self, dtype: str) -> int:
@@ -64,7 +64,7 @@ class SharedKV(CacheSpec):
     kind: ClassVar[str] = "shared"
 
     def bytes_per_token(self, dtype: str) -> int:
-        check_dtype(dtype)
+        require_dtype(dtype)
         return 0
 
     def tp_share(self, tp: int) -> Fraction:

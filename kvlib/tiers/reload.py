@@ -16,7 +16,7 @@ prefix alone costs ``W / BW`` and reloading it wins; past the point where the we
 GEMMs turn compute-bound recomputing costs ``~2 P / F_eff`` a token, and attention's
 quadratic term makes every longer prefix dearer still, so reloading wins again for long
 prefixes on any link. Recomputing can only win in between, on a slow link: the
-break-even prefix (:func:`break_even_tokens`) is where that window ends.
+break-even prefix (:func:`break_even_tokens`) is where that range ends.
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ __all__ = [
     "reload_s",
 ]
 
-# Prefix lengths tried when looking for the window where recomputing wins: 2% steps.
+# Prefix lengths tried when looking for the range where recomputing wins: 2% steps.
 _GRID_RATIO = 1.02
 
 
@@ -99,9 +99,9 @@ def break_even_bytes_per_s(
 class BreakEven:
     """Where recomputing beats reloading, over prefixes of 1 to ``max_tokens`` tokens.
 
-    ``recompute_wins_from`` to ``tokens - 1``: the window where recomputing is faster
+    ``recompute_wins_from`` to ``tokens - 1``: the range where recomputing is faster
     (both None when reloading wins at every length). ``tokens``: the shortest prefix past
-    that window, from which reloading wins again; None also when the window runs to
+    that range, from which reloading wins again; None also when the range runs to
     ``max_tokens`` (``recompute_wins_to_max`` is then True).
     """
 
@@ -133,7 +133,7 @@ def break_even_tokens(
     """The prefix length from which reloading over ``bytes_per_s`` beats recomputing.
 
     Prefixes are tried in 2% steps up to ``max_tokens`` (the model's position limit by
-    default); the window's edges are then found to the token by bisection.
+    default); the range's edges are then found to the token by bisection.
     """
     limit = max_tokens if max_tokens is not None else cfg.max_position_embeddings
     if limit is None:
@@ -156,7 +156,7 @@ def break_even_tokens(
 
 
 def _edge(grid: list[int], point: int, wins: Callable[[int], bool], leading: bool) -> int:
-    """The first token of the window (``leading``) or its last, bisected between ``point``
+    """The first token of the range (``leading``) or its last, bisected between ``point``
     and its neighbour on the grid."""
     i = grid.index(point)
     if leading:

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from kvlib.dtypes import check_dtype
+from kvlib.dtypes import require_dtype
 from kvlib.timing import roofline
 from kvlib.timing.devices import resolve_device
 
@@ -110,14 +110,14 @@ _TOLERANCE = {"fp32": (1e-4, 1e-4), "fp16": (1e-2, 1e-2), "bf16": (3e-2, 3e-2),
 
 def tolerance(dtype: str) -> tuple[float, float]:
     """``(atol, rtol)`` for outputs computed in ``dtype`` against a float32 reference."""
-    return _TOLERANCE["fp8" if dtype.startswith("fp8") else check_dtype(dtype)]
+    return _TOLERANCE["fp8" if dtype.startswith("fp8") else require_dtype(dtype)]
 
 
 def torch_dtype(dtype: str) -> Any:
     """The torch dtype for ``"bf16"``, ``"fp16"`` or ``"fp32"`` (aliases accepted)."""
     import torch
 
-    name = check_dtype(dtype)
+    name = require_dtype(dtype)
     if name not in TORCH_DTYPES:
         raise ValueError(
             f"dtype {dtype!r} cannot be timed here: use one of {', '.join(TORCH_DTYPES)}"
@@ -179,7 +179,7 @@ def matmul(m: int, n: int, k: int, dtype: str, device: str, layers: int = 1) -> 
     stacked = f", {layers} layers" if layers > 1 else ""
     atol, rtol = tolerance(dtype)
     return Kernel("matmul", fn, moved, flops,
-                  f"matmul ({m} x {k}) @ ({k} x {n}) in {check_dtype(dtype)}{stacked}",
+                  f"matmul ({m} x {k}) @ ({k} x {n}) in {require_dtype(dtype)}{stacked}",
                   reference=lambda: a.float() @ bs[0].float(), atol=atol, rtol=rtol)
 
 
@@ -264,7 +264,7 @@ def decode_attention(
 
     text = (
         f"decode attention ({impl}): batch {batch}, {context_tokens:,} cached tokens, "
-        f"{heads} heads / {kv_heads} KV heads of {head_dim}, {check_dtype(dtype)}"
+        f"{heads} heads / {kv_heads} KV heads of {head_dim}, {require_dtype(dtype)}"
     )
     atol, rtol = tolerance(dtype)
     return Kernel("decode-attention", fn, moved, flops, text,
@@ -357,7 +357,7 @@ def paged_decode_attention_flex(
         f"paged decode attention (flex_attention + PagedAttention, read in place"
         f"{', compiled' if compile else ', eager'}): batch {batch}, {context_tokens:,} cached "
         f"tokens in blocks of {block_size}, {heads} heads / {kv_heads} KV heads of {head_dim}, "
-        f"{check_dtype(dtype)}"
+        f"{require_dtype(dtype)}"
     )
     atol, rtol = tolerance(dtype)
     return Kernel("paged-decode-attention", fn, moved, flops, text,

@@ -27,7 +27,8 @@ WRONG = {
         "decompressed keys",
     ),
     "sparse_query_mib": (
-        "sparse_query_mib = N.layers * min(N.top_k, N.context_tokens) * 656 / MiB",
+        "sparse_query_mib = N.layers * min(N.top_k, N.context_tokens)"
+        " * DS_MLA_FP8_BYTES_PER_TOKEN / MiB",
         "left out the indexer keys",
     ),
     "crossover_tokens": (

@@ -15,6 +15,7 @@ import pytest
 
 from assignments import sweep
 from kvlib.mla import IndexerShape, MLAPath, MLAShape, latent_read_cost, mla_step_cost
+from kvlib.specs import DS_MLA_FP8_BYTES_PER_TOKEN
 from kvlib.units import GiB, MiB
 
 NOTEBOOK = sweep.Notebook("03_mla/mla.ipynb")
@@ -70,7 +71,8 @@ def test_the_sparse_query_is_what_latent_read_cost_counts() -> None:
     )
     for draw, right in NOTEBOOK.right_values("sparse_query_mib"):
         cost = latent_read_cost(
-            shape, draw.context_tokens, 656, IndexerShape(64, 128, draw.top_k), 132
+            shape, draw.context_tokens, DS_MLA_FP8_BYTES_PER_TOKEN,
+            IndexerShape(64, 128, draw.top_k), 132
         )
         assert math.isclose(draw.layers * cost.bytes_read / MiB, right, rel_tol=1e-12), draw
 

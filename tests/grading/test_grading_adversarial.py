@@ -288,7 +288,10 @@ def _notebook(name: str, release: Path) -> Any:
 
 def _tree(course: Path) -> dict[str, str]:
     """Hash of every course file the grader must not change."""
-    skip = ("autograded", "feedback", "submitted", "grades.csv", "gradebook.db", ".nbgrader.log")
+    # What grading writes: its outputs, the gradebook, its log, and .grading/ (the run lock
+    # and the submission digests, course/runlock.py and course/records.py).
+    skip = ("autograded", "feedback", "submitted", "grades.csv", "gradebook.db", ".nbgrader.log",
+            ".grading")
     return {
         str(p.relative_to(course)): hashlib.sha256(p.read_bytes()).hexdigest()
         for p in sorted(course.rglob("*"))

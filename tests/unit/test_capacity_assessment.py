@@ -36,7 +36,7 @@ from kvlib.hardware import get_gpu
 from kvlib.mla import MLAShape, mla_step_cost
 from kvlib.paging.block_pool import OutOfBlocksError
 from kvlib.paging.table import PagedKVCache
-from kvlib.paging.vllm_pool import blocks_per_sequence, kv_cache_groups, kv_pool
+from kvlib.paging.vllm_pool import blocks_per_request, kv_cache_groups, kv_pool
 from kvlib.sizing import seats_for_context
 from kvlib.units import GiB
 
@@ -88,14 +88,14 @@ def test_seats_are_vllms_blocks_and_sizings_bytes(kv_dtype: str, max_model_len: 
                                                kv_dtype=kv_dtype).max_concurrency)
     assert cap.guaranteed_seats == seats_for_context(LLAMA8, memory, max_model_len, kv_dtype)
     # Traffic seats: 6,500 tokens hold cdiv(6500, 16) = 407 blocks each.
-    assert cap.seats == blocks // 407
-    assert cap.blocks_per_sequence == 407
+    assert cap.block_seats == blocks // 407
+    assert cap.held_blocks_per_sequence == 407
 
 
 def test_fp8_at_least_doubles_the_seats() -> None:
     bf16, fp8 = assess(rag()), assess(rag(kv_dtype="fp8"))
     assert fp8.pool.num_blocks in (2 * bf16.pool.num_blocks, 2 * bf16.pool.num_blocks + 1)
-    assert fp8.seats >= 2 * bf16.seats
+    assert fp8.block_seats >= 2 * bf16.block_seats
     assert fp8.weight_bytes_per_gpu == bf16.weight_bytes_per_gpu  # only the cache shrinks
 
 
@@ -115,8 +115,8 @@ def test_tensor_parallel_seats_follow_each_gpus_share(tp: int) -> None:
     memory = kv_memory(s)
     assert cap.weight_bytes_per_gpu == weight_bytes_per_gpu(LLAMA70, tp, None)
     # 3,200 tokens are 200 whole blocks: seats are bytes per GPU over one sequence's share.
-    assert cap.seats == memory // kv_bytes_per_gpu(LLAMA70, 3_200, "bf16", tp)
-    assert cap.pool.page_bytes == vllm_page(80, 8, 128, "bf16", tp)
+    assert cap.block_seats == memory // kv_bytes_per_gpu(LLAMA70, 3_200, "bf16", tp)
+    assert cap.pool.block_bytes == vllm_page(80, 8, 128, "bf16", tp)
 
 
 def test_prefix_sharing_seats_are_what_the_block_pool_holds() -> None:
@@ -132,8 +132,8 @@ def test_prefix_sharing_seats_are_what_the_block_pool_holds() -> None:
         if not _serve(cache, i, 2_000, s.prompt_tokens, s.output_tokens):
             break
         fitted += 1
-    assert fitted == cap.seats
-    assert assess(dataclasses.replace(s, prefix_caching=False)).seats < fitted
+    assert fitted == cap.block_seats
+    assert assess(dataclasses.replace(s, prefix_caching=False)).block_seats < fitted
 
 
 def _serve(cache: PagedKVCache, i: int, shared: int, prompt: int, output: int) -> bool:
@@ -182,12 +182,12 @@ def test_sliding_layers_hold_their_window_in_whole_blocks(name: str, tokens: int
     kept = {getattr(spec, "window", None): spec.tokens_held(tokens) for spec in cfg.layers}
     least = most = 0
     for group in groups:
-        window = group.window_tokens if group.kind == "sliding" else None
+        window = group.span_tokens if group.kind == "sliding" else None
         blocks = -(-kept[window] // group.block_size)
         least += blocks
         most += blocks + (window is not None)
     assert least <= held_blocks(groups, tokens) <= most
-    assert held_blocks(groups, tokens) <= blocks_per_sequence(cfg, tokens)  # vLLM's budget
+    assert held_blocks(groups, tokens) <= blocks_per_request(cfg, tokens)  # vLLM's budget
 
 
 def test_the_step_is_the_mean_mixed_step_by_hand() -> None:
@@ -197,7 +197,7 @@ def test_the_step_is_the_mean_mixed_step_by_hand() -> None:
     cap = assess(rag())
     s = cap.scenario
     b, rate = cap.batch, cap.batch / s.output_tokens
-    assert cap.limited_by == "KV cache" and b == cap.seats < s.concurrency
+    assert cap.limited_by == "KV cache" and b == cap.block_seats < s.concurrency
     f_eff, bw = s.mfu * H100.bf16_dense_flops_per_s, H100.hbm_bandwidth_bytes_per_s
     body, head = matmul_params(LLAMA8)
     prefill = rate * s.prompt_tokens
@@ -277,7 +277,7 @@ def test_a_pool_smaller_than_one_full_context_does_not_start() -> None:
     s = Scenario(model=LLAMA70, gpu=H100, prompt_tokens=2_000, output_tokens=200,
                  concurrency=16, needed_context_tokens=4_096, tp=2)
     cap = assess(s)
-    assert not cap.starts and cap.guaranteed_seats == 0 and cap.seats > 0
+    assert not cap.starts and cap.guaranteed_seats == 0 and cap.block_seats > 0
     assert assess(dataclasses.replace(s, max_model_len=4_096)).starts
 
 
@@ -318,7 +318,7 @@ def test_a_config_without_a_position_limit_needs_max_model_len() -> None:
 
 def test_replicas_multiply_seats_and_split_the_traffic() -> None:
     one, two = assess(rag()), assess(rag(replicas=2))
-    assert two.total_seats == 2 * one.seats and two.scenario.gpus == 2
+    assert two.total_block_seats == 2 * one.block_seats and two.scenario.gpus == 2
     assert two.batch == 64 and two.tokens_per_s == pytest.approx(2 * 64 / two.step_s)
     assert two.full_use_tokens_per_s == pytest.approx(2 * one.full_use_tokens_per_s)
     assert two.pool == one.pool  # each replica's pool is the same
@@ -359,7 +359,7 @@ def test_full_use_fills_the_seats_the_engine_admits() -> None:
     """The rate a cost comparison divides by: every seat busy, whatever the traffic."""
     quiet = assess(rag(concurrency=8))
     assert quiet.limited_by == "traffic" and quiet.batch == 8
-    assert quiet.full_use_batch == quiet.seats and quiet.full_use_limited_by == "KV cache"
+    assert quiet.full_use_batch == quiet.block_seats and quiet.full_use_limited_by == "KV cache"
     assert quiet.full_use_tokens_per_s > quiet.tokens_per_s
     capped = assess(rag(concurrency=8, max_num_seqs=16))
     assert capped.full_use_batch == 16 and capped.full_use_limited_by == "max_num_seqs"

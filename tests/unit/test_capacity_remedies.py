@@ -75,18 +75,18 @@ def test_the_free_remedy_raises_the_guarantee_and_nothing_else() -> None:
     assert effect.guaranteed_seats_gained > 10
     # A paged engine's pool, seats at the traffic's length and speed are unchanged.
     assert effect.after.pool.num_blocks == effect.before.pool.num_blocks
-    assert effect.seats_gained == 0 and effect.tokens_per_s_ratio == 1.0
+    assert effect.block_seats_gained == 0 and effect.tokens_per_s_ratio == 1.0
 
 
 def test_fp8_seats_against_sizing_and_vllms_pool() -> None:
     effect = by_name(rag())["fp8 KV cache"]
     memory = kv_memory(rag())
     # 6,496 tokens = 406 whole blocks, so sizing's bytes and vLLM's blocks agree.
-    assert effect.after.seats == seats_for_context(LLAMA8, memory, 6_496, "fp8")
-    assert effect.before.seats == seats_for_context(LLAMA8, memory, 6_496, "bf16")
+    assert effect.after.block_seats == seats_for_context(LLAMA8, memory, 6_496, "fp8")
+    assert effect.before.block_seats == seats_for_context(LLAMA8, memory, 6_496, "bf16")
     pool = kv_pool(LLAMA8, memory, max_model_len=131_072, kv_dtype="fp8")
     assert effect.after.pool.pool_tokens == pool.pool_tokens
-    assert effect.after.seats >= 2 * effect.before.seats
+    assert effect.after.block_seats >= 2 * effect.before.block_seats
     # Each step reads half the cache: faster per sequence at the same batch.
     same = decode_bytes_per_gpu(LLAMA8, effect.before.batch, 6_248, "fp8", None)
     assert same < decode_bytes_per_gpu(LLAMA8, effect.before.batch, 6_248, "bf16", None)
@@ -97,14 +97,14 @@ def test_prefix_caching_holds_the_shared_prompt_once() -> None:
     blocks = effect.after.pool.num_blocks
     shared, own = 2_000 // 16, 406 - 2_000 // 16
     assert effect.after.shared_blocks == shared
-    assert effect.after.seats == (blocks - shared) // own
+    assert effect.after.block_seats == (blocks - shared) // own
     assert effect.after.step_bytes_per_gpu >= effect.before.step_bytes_per_gpu  # more read
 
 
 def test_scheduler_settings_add_no_memory() -> None:
     effect = by_name(rag())["scheduler settings"]
     assert effect.after.pool == effect.before.pool
-    assert effect.seats_gained == 0 and effect.after.batch == effect.before.batch
+    assert effect.block_seats_gained == 0 and effect.after.batch == effect.before.batch
     # Where the cap, not the pool, limits the batch, raising it helps.
     capped = by_name(rag(max_num_seqs=16))["scheduler settings"]
     assert capped.before.limited_by == "max_num_seqs" and capped.after.batch > 16
@@ -114,14 +114,14 @@ def test_tensor_parallelism_against_each_gpus_share() -> None:
     effect = by_name(rag())["more GPUs: tensor parallelism"]
     after = effect.after.scenario
     assert after.tp == 2 and after.gpus == 2 * effect.before.scenario.gpus
-    assert effect.after.seats == kv_memory(after) // kv_bytes_per_gpu(LLAMA8, 6_496, "bf16", 2)
+    assert effect.after.block_seats == kv_memory(after) // kv_bytes_per_gpu(LLAMA8, 6_496, "bf16", 2)
     # Shedding half the weights grows each pool: more than twice the seats.
-    assert effect.after.seats > 2 * effect.before.seats
+    assert effect.after.block_seats > 2 * effect.before.block_seats
 
 
 def test_a_replica_doubles_seats_not_speed_per_sequence() -> None:
     effect = by_name(rag(concurrency=64))["more GPUs: another replica"]
-    assert effect.after.total_seats == 2 * effect.before.seats
+    assert effect.after.total_block_seats == 2 * effect.before.block_seats
     assert effect.after.batch == 32
 
 
@@ -185,7 +185,7 @@ def test_ranking_is_by_cost_tier_then_the_catalogue(
         assert effects[0].after.scenario.kv_dtype == s.kv_dtype
     for e in effects:
         assert e.before is ranking.baseline
-        assert e.seats_gained >= 0 or e.tier == 3  # only a model change may lose seats
+        assert e.block_seats_gained >= 0 or e.tier == 3  # only a model change may lose seats
         if e.tier < 2:
             assert e.after.scenario.gpus == s.gpus  # nothing but the top tiers rents GPUs
     names = [e.name for e in effects] + [name for name, _ in ranking.skipped]
@@ -238,7 +238,7 @@ def test_the_bundled_scenarios_show_both_regimes() -> None:
     for scenario in (document_assistant(), retrieval_heavy()):
         effects = by_name(scenario)
         memory = effects["gpu_memory_utilization 0.95"]
-        assert memory.seats_gained > 0
+        assert memory.block_seats_gained > 0
         assert memory.after.tokens_per_s == pytest.approx(memory.before.tokens_per_s, rel=1e-3)
         assert effects["fp8 KV cache"].tokens_per_s_ratio > 1.2
         assert effects["prefix caching"].tokens_per_s_ratio > 1.1
@@ -272,5 +272,5 @@ def test_fp8_weights_free_half_the_weights_and_run_on_fp8_tensor_cores() -> None
 def test_the_server_side_max_tokens_is_free_and_changes_no_row() -> None:
     effect = by_name(rag())["server-side default max_tokens"]
     assert effect.tier == 0 and effect.after.scenario == effect.before.scenario
-    assert effect.seats_gained == 0 and effect.tokens_per_s_ratio == 1.0
+    assert effect.block_seats_gained == 0 and effect.tokens_per_s_ratio == 1.0
     assert "HTTP 400" in by_name(rag())["max context from the product's need"].cost

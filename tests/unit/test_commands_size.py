@@ -91,7 +91,7 @@ def test_weights_that_do_not_fit(capsys: pytest.CaptureFixture[str]) -> None:
     assert report["decode_tokens_per_s_bound"] is None
     assert report["pool_blocks"] is None and report["max_concurrency"] is None
     assert report["estimated_max_model_len"] is None
-    assert report["page_bytes"] is not None  # the page itself does not depend on memory
+    assert report["block_bytes"] is not None  # the page itself does not depend on memory
     assert not any("GPU KV cache size" in note for note in report["notes"])
     assert any("No available memory for the cache blocks" in note for note in report["notes"])
 
@@ -228,14 +228,14 @@ def test_pool_is_what_vllm_would_log(capsys: pytest.CaptureFixture[str]) -> None
     cfg = load_config("Llama-3.1-8B")
     pool = vllm_pool.kv_pool(cfg, report["free_kv_bytes_per_gpu"], max_model_len=32768)
     assert report["block_size"] == 16
-    assert report["page_bytes"] == 32 * 2 * 16 * 8 * 128 * 2
-    assert report["pool_blocks"] == report["free_kv_bytes_per_gpu"] // report["page_bytes"]
+    assert report["block_bytes"] == 32 * 2 * 16 * 8 * 128 * 2
+    assert report["pool_blocks"] == report["free_kv_bytes_per_gpu"] // report["block_bytes"]
     assert report["pool_tokens"] == pool.pool_tokens == 16 * report["pool_blocks"]
-    assert report["blocks_per_sequence"] == 32768 // 16
+    assert report["blocks_per_request"] == 32768 // 16
     assert report["max_concurrency"] == pytest.approx(report["pool_blocks"] / 2048)
     assert any("GPU KV cache size: " in note for note in report["notes"])
     small = run_json(capsys, "Llama-3.1-8B", "--block-size", "32")
-    assert small["page_bytes"] == 2 * report["page_bytes"] and small["pool_blocks"] is None
+    assert small["block_bytes"] == 2 * report["block_bytes"] and small["pool_blocks"] is None
 
 
 def test_vllm_version_picks_the_start_up_line(capsys: pytest.CaptureFixture[str]) -> None:
@@ -265,7 +265,7 @@ def test_linear_attention_pool_is_not_modelled_and_says_so(
         )
     )
     report = run_json(capsys, str(config), "--kv-memory", "1 GiB")
-    assert report["page_bytes"] is None and report["seats"] is not None
+    assert report["block_bytes"] is None and report["seats"] is not None
     assert any("linear attention" in note for note in report["notes"])
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from kvlib.config import from_dict
-from kvlib.dtypes import DTYPE_BITS, bytes_for, canonical_dtype, check_dtype
+from kvlib.dtypes import DTYPE_BITS, bytes_for, canonical_dtype, require_dtype
 
 
 @pytest.mark.parametrize(
@@ -14,7 +14,7 @@ from kvlib.dtypes import DTYPE_BITS, bytes_for, canonical_dtype, check_dtype
      ("float", "fp32"), ("fp8_e4m3", "fp8"), ("float8_e4m3fn", "fp8"), ("bf16", "bf16")],
 )
 def test_every_spelling_has_one_name(spelling: str, name: str) -> None:
-    assert check_dtype(spelling) == canonical_dtype(spelling) == name
+    assert require_dtype(spelling) == canonical_dtype(spelling) == name
 
 
 @pytest.mark.parametrize("value", ["auto", None, 16, "fp12"])
@@ -22,7 +22,7 @@ def test_what_names_no_dtype_is_none_or_one_line(value: object) -> None:
     assert canonical_dtype(value) is None
     if isinstance(value, str):
         with pytest.raises(ValueError, match="use one of"):
-            check_dtype(value)
+            require_dtype(value)
 
 
 def test_a_config_reads_its_torch_dtype_through_the_same_table() -> None:

@@ -43,6 +43,7 @@ from kvlib.mla import (
     latent_read_cost,
     mla_step_cost,
     node_seats,
+    vllm_latent_entry_bytes,
     weight_bytes_per_gpu,
 )
 from kvlib.sizing import kv_bytes, kv_bytes_by_layer, kv_bytes_per_token_per_layer, seats
@@ -192,15 +193,16 @@ def test_sparse_read_cost_with_vllms_fp8_layout() -> None:
     assert per_layer == 656 + 132
     shape, indexer = MLAShape.from_config(cfg), IndexerShape.from_config(cfg)
     assert indexer == IndexerShape(64, 128, 2048)
+    entry = vllm_latent_entry_bytes(cfg, "fp8_ds_mla")
     for tokens in (1_000, 2_048, 131_072):
-        sparse = latent_read_cost(shape, tokens, 656, indexer, 132)
-        dense = latent_read_cost(shape, tokens, 656)
+        sparse = latent_read_cost(shape, tokens, entry, indexer, 132)
+        dense = latent_read_cost(shape, tokens, entry)
         chosen = min(tokens, 2048)
-        assert sparse.bytes_read == tokens * 132 + chosen * 656
-        assert dense.bytes_read == tokens * 656
+        assert sparse.bytes_read == tokens * 132 + chosen * entry
+        assert dense.bytes_read == tokens * entry
         assert sparse.attention_flops * tokens == dense.attention_flops * chosen
     # At 128k tokens the indexer's keys are most of what is read.
-    long = latent_read_cost(shape, 131_072, 656, indexer, 132)
+    long = latent_read_cost(shape, 131_072, entry, indexer, 132)
     assert long.indexer_bytes > 10 * long.attention_bytes
     with pytest.raises(ConfigError, match="index_n_heads"):
         IndexerShape.from_config(load_config(V3))
@@ -469,8 +471,6 @@ def test_prefill_flops_sum_the_decode_steps_of_a_causal_prompt() -> None:
 
 
 def test_vllm_latent_entry_bytes_and_the_refused_dtype() -> None:
-    from kvlib.mla import vllm_latent_entry_bytes
-
     v3 = load_config(V3)
     assert vllm_latent_entry_bytes(v3, "auto") == 2 * 576
     assert vllm_latent_entry_bytes(v3, "fp8") == 576

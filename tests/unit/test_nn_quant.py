@@ -14,7 +14,7 @@ from hypothesis import example, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 from kvlib.dtypes import bytes_for  # noqa: E402
-from kvlib.nn.quant import Quantized, check_input, measure_error  # noqa: E402
+from kvlib.nn.quant import Quantized, measure_error, require_input  # noqa: E402
 from kvlib.nn.quant_fp8 import FP8_MAX, quantize_fp8  # noqa: E402
 from kvlib.nn.quant_int import (  # noqa: E402
     pack_int4,
@@ -277,7 +277,7 @@ def test_measure_error_refuses_a_mismatched_original() -> None:
     q = quantize_int8(torch.randn(4, 8))
     with pytest.raises(ValueError, match="shape"):
         measure_error(torch.randn(4, 9), q)
-    assert check_input(torch.ones(2, dtype=torch.float16)).dtype == torch.float32
+    assert require_input(torch.ones(2, dtype=torch.float16)).dtype == torch.float32
 
 
 # --- llama.cpp q4_0 ---------------------------------------------------------------------

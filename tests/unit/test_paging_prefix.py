@@ -89,7 +89,7 @@ def test_cacheable_blocks_refuses_a_prefix_longer_than_the_prompt() -> None:
 def test_a_system_prompt_shared_by_ten_requests() -> None:
     s = prefix_sharing(10, shared_prefix_tokens=1000, unique_tokens=200, block_size=16)
     assert s.shared_blocks == 62  # 992 tokens; the last 8 prefix tokens share a block with
-    assert s.blocks_per_request == 75  # each request's own tokens
+    assert s.held_blocks_per_request == 75  # each request's own tokens
     assert s.blocks_without_sharing == 750
     assert s.blocks_with_sharing == 62 + 10 * 13
     assert s.blocks_saved == 9 * 62

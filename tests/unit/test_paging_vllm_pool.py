@@ -27,7 +27,7 @@ import kvlib.paging.vllm_pool as kvpool
 from kvlib.config import load_config
 from kvlib.paging.vllm_pool import (
     KVCacheGroup,
-    blocks_per_sequence,
+    blocks_per_request,
     kv_cache_groups,
     kv_memory_range,
     kv_pool,
@@ -81,7 +81,7 @@ def vllm_uniform_report(
 def test_exports() -> None:
     assert sorted(kvpool.__all__) == sorted(
         ["DEFAULT_BLOCK_SIZE", "DEFAULT_MAX_NUM_BATCHED_TOKENS", "DEFAULT_VLLM_VERSION",
-         "KVCacheGroup", "KVPool", "LayerPage", "blocks_per_sequence", "kv_cache_groups",
+         "KVCacheGroup", "KVPool", "LayerPage", "blocks_per_request", "kv_cache_groups",
          "kv_memory_on_gpu", "kv_memory_range", "kv_pool", "layer_page_bytes", "layer_pages",
          "logged_pool_tokens", "parse_vllm_version", "unified_page_bytes",
          "uses_derived_pool_line"]
@@ -110,7 +110,7 @@ def test_full_attention_models_match_vllms_formulas(
         tokens, concurrency = vllm_uniform_report(memory, page, layers, block_size, 8192)
         assert pool.num_blocks == vllm_num_blocks(memory, page, layers)
         assert (pool.pool_tokens, pool.max_concurrency) == (tokens, concurrency)
-        assert blocks_per_sequence(cfg, 8192, block_size, dtype) == cdiv(8192, block_size)
+        assert blocks_per_request(cfg, 8192, block_size, dtype) == cdiv(8192, block_size)
 
 
 def test_mla_pages_the_latent_without_the_factor_two() -> None:
@@ -190,7 +190,7 @@ def test_a_hybrid_model_pages_sliding_and_full_layers_in_separate_groups() -> No
     assert pool.pool_tokens == int(num_blocks / (full_blocks + sliding_blocks) * max_model_len)
     assert pool.pool_tokens != old.pool_tokens
     assert pool.min_kv_memory_bytes == (full_blocks + sliding_blocks) * 21 * page
-    assert blocks_per_sequence(cfg, 100, max_num_batched_tokens=batched) == 7 + 8
+    assert blocks_per_request(cfg, 100, max_num_batched_tokens=batched) == 7 + 8
 
 
 def test_vllm_refuses_no_memory_and_less_than_one_request() -> None:
@@ -279,7 +279,7 @@ def test_vllm_pads_the_smaller_type_when_counts_are_close() -> None:
     groups = kv_cache_groups(cfg)
     assert sorted((g.kind, g.num_layers) for g in groups) == [("full", 13), ("sliding", 12)]
     pool = kv_pool(cfg, 10 * GiB, max_model_len=4096)
-    assert pool.page_bytes == 13 * vllm_attention_page(16, 8, 64, "bf16")
+    assert pool.block_bytes == 13 * vllm_attention_page(16, 8, 64, "bf16")
 
 
 def test_a_five_to_one_pattern_makes_six_groups() -> None:

@@ -28,7 +28,7 @@ def test_queueing_re_exports_erlang() -> None:
     """The chapters, `kvlib queue` and the graded notebooks import from queueing."""
     names = set(kvlib.serving.queueing.__all__)
     module = kvlib.serving.erlang
-    public = {n for n in module.__all__ if not n.startswith("check_")} - {"tail_quantile_s"}
+    public = {n for n in module.__all__ if not n.startswith("require_")} - {"tail_quantile_s"}
     assert public <= names, public - names
     for name in public:
         assert getattr(kvlib.serving.queueing, name) is getattr(module, name)

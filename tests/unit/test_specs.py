@@ -16,7 +16,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from kvlib import specs
-from kvlib.config import load_config
+from kvlib.config import MLAShape, load_config
 
 DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1}
 
@@ -32,16 +32,17 @@ def vllm_mla_page(block: int, head_size: int, dtype_bytes: int) -> int:
 
 
 def v32_layer(**changes: int) -> specs.MLALatent:
-    fields = dict(
+    widths = dict(
+        hidden_size=7168,
+        num_heads=128,
         kv_lora_rank=512,
         qk_rope_head_dim=64,
-        num_heads=128,
         qk_nope_head_dim=128,
         v_head_dim=128,
-        indexer_head_dim=128,
     )
-    fields.update(changes)
-    return specs.MLALatent(**fields)
+    indexer = changes.pop("indexer_head_dim", 128)
+    widths.update(changes)
+    return specs.MLALatent(MLAShape(**widths), indexer_head_dim=indexer)
 
 
 @given(
