@@ -114,7 +114,8 @@ def test_tensor_parallelism_against_each_gpus_share() -> None:
     effect = by_name(rag())["more GPUs: tensor parallelism"]
     after = effect.after.scenario
     assert after.tp == 2 and after.gpus == 2 * effect.before.scenario.gpus
-    assert effect.after.block_seats == kv_memory(after) // kv_bytes_per_gpu(LLAMA8, 6_496, "bf16", 2)
+    per_sequence = kv_bytes_per_gpu(LLAMA8, 6_496, "bf16", 2)
+    assert effect.after.block_seats == kv_memory(after) // per_sequence
     # Shedding half the weights grows each pool: more than twice the seats.
     assert effect.after.block_seats > 2 * effect.before.block_seats
 
