@@ -29,6 +29,18 @@ takes the larger of its two roofline times:
   HBM bandwidth. With tensor parallelism every term is one GPU's share: ``W / tp``, the
   KV heads it holds, ``H / tp`` query heads; the all-reduces between layers are not counted.
 
+Data-parallel attention with expert parallelism (vLLM ``-dp N --enable-expert-parallel``,
+``dp = N``) gives each GPU sequences of its own: the contexts and chunks passed are that
+GPU's, and the step is its step, every GPU running one like it at once ("forward passes
+must be aligned, and expert layers across all ranks are required to synchronize during
+every forward pass", vLLM docs, "Data Parallel Deployment"). It reads its own
+sequences' whole caches, multiplies its own tokens through attention and the dense weights
+it holds whole, and, of its ``E / N`` routed experts, reads those the node's ``N (B + C)``
+tokens are routed to (:meth:`kvlib.view.ModelView.dp_step_weight_bytes_per_gpu`); with
+routing balanced its experts do as many FLOPs for the node's tokens as its own tokens'
+experts need, so ``P`` counts its own tokens. The all-to-all exchanges are not counted.
+The node's rate is ``N`` times one GPU's.
+
 Each term is a lower bound (minimum traffic, no kernel launch or scheduler gap), so the
 step time is a lower bound and any rate built on it is reachable by construction: the
 step's FLOP/s stay at most ``MFU x F_peak`` and its bytes/s at most ``BW``
@@ -53,6 +65,7 @@ from kvlib.bounds import (
 )
 from kvlib.config import ModelConfig
 from kvlib.hardware import GPUSpec
+from kvlib.view import model_view
 
 __all__ = [
     "ASSUMED_MFU",
@@ -285,6 +298,7 @@ def step_time(
     *,
     mfu: float = ASSUMED_MFU,
     tp: int = 1,
+    dp: int = 1,
     kv_dtype: str = "bf16",
     weight_dtype: str | None = "bf16",
     matmul_dtype: str = "bf16",
@@ -292,12 +306,18 @@ def step_time(
     """One step of ``cfg`` on each of ``tp`` ``gpu`` s: a decode token for each context in
     ``decode_contexts`` (cached tokens ``T_i``) and the ``prefill_chunks``.
 
+    ``dp > 1``: data-parallel attention with expert parallelism on ``dp`` GPUs (module
+    docstring); the contexts and chunks are one GPU's own and the step is that GPU's.
     ``weight_dtype`` sizes the weights read (None: as shipped); ``matmul_dtype`` picks the
     peak the weight GEMMs run at (``"fp8"`` for W8A8 weights on fp8 tensor cores);
     attention runs at the bf16 peak. Raises ValueError for a layer whose attention kvlib
     does not count (linear attention, top-k sparse MLA).
     """
     require_int(tp, "tp", 1)
+    require_int(dp, "dp", 1)
+    if tp > 1 and dp > 1:
+        raise ValueError(f"tp={tp} with dp={dp}: kvlib models one of the two layouts; "
+                         "pass tp or dp, not both")
     batch = len(decode_contexts)
     prefill = sum(chunk.tokens for chunk in prefill_chunks)
     tokens = batch + prefill
@@ -312,8 +332,12 @@ def step_time(
     counts = [_chunk_counts(cfg, c.tokens, c.cached_tokens, kv_dtype, tp) for c in prefill_chunks]
     prefill_kv = sum(kv for kv, _ in counts)
     prefill_flops = sum(flops for _, flops in counts)
+    if dp > 1:
+        weight_bytes = model_view(cfg).dp_step_weight_bytes_per_gpu(tokens, dp, weight_dtype)
+    else:
+        weight_bytes = decode_bytes_per_gpu(cfg, tokens, 0, kv_dtype, weight_dtype, tp)
     return step_time_from_counts(
-        weight_bytes=decode_bytes_per_gpu(cfg, tokens, 0, kv_dtype, weight_dtype, tp),
+        weight_bytes=weight_bytes,
         weight_flops=weight_flops // tp,
         decode_tokens=batch,
         decode_kv_bytes=decode_kv,
@@ -338,19 +362,21 @@ def mixed_step(
     *,
     mfu: float = ASSUMED_MFU,
     tp: int = 1,
+    dp: int = 1,
     kv_dtype: str = "bf16",
     weight_dtype: str | None = "bf16",
     matmul_dtype: str = "bf16",
 ) -> StepTime:
     """:func:`step_time` for the common case: ``decode_batch`` sequences at ``context_tokens``
     each, and one prefill chunk of ``prefill_tokens`` after ``prefill_cached_tokens``
-    (ending its prompt), or none when ``prefill_tokens`` is 0."""
+    (ending its prompt), or none when ``prefill_tokens`` is 0 (one GPU's own when
+    ``dp > 1``)."""
     require_int(decode_batch, "decode_batch")
     require_int(context_tokens, "context_tokens")
     require_int(prefill_tokens, "prefill_tokens")
     require_int(prefill_cached_tokens, "prefill_cached_tokens")
     chunks = [PrefillChunk(prefill_tokens, prefill_cached_tokens)] if prefill_tokens else []
-    return step_time(cfg, gpu, [context_tokens] * decode_batch, chunks, mfu=mfu, tp=tp,
+    return step_time(cfg, gpu, [context_tokens] * decode_batch, chunks, mfu=mfu, tp=tp, dp=dp,
                      kv_dtype=kv_dtype, weight_dtype=weight_dtype, matmul_dtype=matmul_dtype)
 
 

@@ -9,7 +9,9 @@ config (cached on the config); each figure below is computed on first use and ke
   them, of those a decode step does not read, and of the routed experts;
 - the bytes of the weights on each GPU under tensor parallelism, as vLLM places
   them (:meth:`ModelView.weight_bytes_per_gpu`) and the weight bytes one decode
-  step reads on each GPU (:meth:`ModelView.step_weight_bytes_per_gpu`);
+  step reads on each GPU (:meth:`ModelView.step_weight_bytes_per_gpu`), and both under
+  data-parallel attention with expert parallelism
+  (:meth:`ModelView.dp_weight_bytes_per_gpu`, :meth:`ModelView.dp_step_weight_bytes_per_gpu`);
 - the valid tensor-parallel degrees (:meth:`ModelView.tp_degrees`).
 
 :mod:`kvlib.weights.params`, :mod:`kvlib.bounds`, :mod:`kvlib.paging.step_bytes`,
@@ -345,6 +347,53 @@ class ModelView:
             return read + math.ceil(expert_bytes * touched / moe.num_experts)
 
         return self.memo(("step", tokens, tp, dtype), make)
+
+    def dp_weight_bytes_per_gpu(self, gpus: int, weight_dtype: str | None = "bf16") -> int:
+        """Weight bytes on each of ``gpus`` GPUs under data-parallel attention with expert
+        parallelism (vLLM ``-dp N --enable-expert-parallel``): the routed experts split
+        ``gpus`` ways (``cdiv`` of their bytes), every other tensor whole on every GPU as
+        one GPU holds it (:meth:`weight_bytes_per_gpu` at ``tp = 1``: the vocab-parallel
+        tables padded to 64 rows, as ``pad_vocab_size`` pads them at any degree)."""
+        require_int(gpus, "gpus", 1)
+        dtype = None if weight_dtype is None else require_dtype(weight_dtype)
+
+        def make() -> int:
+            experts = {id(g) for g in self.expert_groups}
+            whole = [g for g in self.groups if id(g) not in experts]
+            return self._per_gpu(whole, 1, dtype) + cdiv(self._bytes(self.expert_groups, dtype),
+                                                         gpus)
+
+        return self.memo(("dp", gpus, dtype), make)
+
+    def dp_step_weight_bytes_per_gpu(
+        self, tokens: int, gpus: int, weight_dtype: str | None = "bf16"
+    ) -> int:
+        """Weight bytes one of ``gpus`` data-parallel GPUs (:meth:`dp_weight_bytes_per_gpu`)
+        reads in a step of ``tokens`` tokens of its own, every GPU stepping with as many.
+
+        Its whole tensors, less the tables it only looks rows up in and vision towers, once;
+        of its ``E / gpus`` experts those the node's ``gpus x tokens`` tokens are routed to
+        (expert parallelism sends each token to the GPU holding its expert): the expected
+        fraction under uniform routing (:func:`expected_experts_touched` over ``E``) of its
+        share of the experts' bytes. ``gpus = 1`` is :meth:`step_weight_bytes_per_gpu` at
+        ``tp = 1``.
+        """
+        require_int(tokens, "tokens", 1)
+        require_int(gpus, "gpus", 1)
+        dtype = None if weight_dtype is None else require_dtype(weight_dtype)
+
+        def make() -> int:
+            skipped = {id(g) for g in self.unread_groups + self.expert_groups}
+            read = self._per_gpu([g for g in self.groups if id(g) not in skipped], 1, dtype)
+            moe = self.cfg.moe
+            if moe is None or not self.expert_groups:
+                return read
+            share = cdiv(self._bytes(self.expert_groups, dtype), gpus)
+            touched = expected_experts_touched(moe.num_experts, moe.experts_per_token,
+                                               gpus * tokens)
+            return read + math.ceil(share * touched / moe.num_experts)
+
+        return self.memo(("dp-step", tokens, gpus, dtype), make)
 
 
 def _priced(cfg: ModelConfig, group: WeightGroup) -> tuple[WeightGroup, int]:

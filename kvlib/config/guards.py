@@ -11,13 +11,18 @@ one it does; both are refused with the reason.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
+from itertools import accumulate
 from typing import Any
 
 from kvlib._validate import is_int
 from kvlib.config.fields import ConfigError, get_bool
 
-__all__ = ["MAX_CONFIG_BYTES", "MAX_WIDTH", "check_generates", "check_modelled", "check_sizes"]
+__all__ = [
+    "MAX_CONFIG_BYTES", "MAX_NESTING", "MAX_WIDTH", "check_generates", "check_modelled",
+    "check_sizes", "nesting_depth",
+]
 
 # Far above any published decoder: Llama 3.1 405B has a model dimension of 16,384, an MLP
 # of 53,248 and 128 query heads ("The Llama 3 Herd of Models", arXiv:2407.21783,
@@ -36,6 +41,20 @@ _VOCAB_CAP = 1 << 24
 # A config.json is kilobytes; a multi-megabyte one is not a config (or is a weights file
 # passed by mistake), and parsing it would be slow before failing.
 MAX_CONFIG_BYTES = 16 << 20
+# A config.json nests a few levels (the bundled and reference configs: at most 3). The cap
+# is checked on the text before parsing, so a deeper file gets the same one line wherever
+# it is read: a JSON parser's own limit is its interpreter's recursion depth, which differs
+# between CPython and the calculator's Pyodide.
+MAX_NESTING = 64
+_JSON_STRING = re.compile(r'"(?:[^"\\]|\\.)*"')
+_NOT_A_BRACKET = re.compile(r"[^\[\]{}]+")
+
+
+def nesting_depth(text: str) -> int:
+    """The deepest run of open ``[`` and ``{`` in JSON ``text``, brackets inside strings
+    not counted (a running sum of +1 per opening and -1 per closing bracket)."""
+    brackets = _NOT_A_BRACKET.sub("", _JSON_STRING.sub("", text))
+    return max(accumulate(1 if c in "[{" else -1 for c in brackets), default=0)
 
 # transformers' task heads that run one forward pass and generate nothing.
 NON_GENERATING_HEADS = (
@@ -99,14 +118,17 @@ def check_modelled(text: Mapping[str, Any], types: list[str], head_dim: int, mla
 def check_sizes(text: Mapping[str, Any]) -> None:
     """Refuse widths, head counts and vocabularies no real model has, before any is
     multiplied into a parameter count or a cache size."""
-    caps = {key: MAX_WIDTH for key in _WIDTH_FIELDS} | {"vocab_size": _VOCAB_CAP}
-    for key, cap in caps.items():
+    # Each cap with the largest real figure it sits far above (bundled configs).
+    width = "Llama 3.1 405B's hidden size is 16,384"
+    caps = {key: (MAX_WIDTH, width) for key in _WIDTH_FIELDS} | {
+        "vocab_size": (_VOCAB_CAP, "Gemma 2's vocabulary is 256,000 tokens")}
+    for key, (cap, largest) in caps.items():
         value = text.get(key)
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             continue  # absent, or a type the field's own reader refuses
         if value > cap:  # NaN compares false here and is refused by the typed read
             shown = f"{value:,}" if isinstance(value, int) and value < 10**15 else f"{value:.3g}"
             raise ConfigError(
-                f"field {key!r} is {shown}: more than {cap:,} is no real model's (Llama 3.1 "
-                "405B's hidden size is 16,384); check the config's value"
+                f"field {key!r} is {shown}: more than {cap:,} is no real model's ({largest}); "
+                "check the config's value"
             )

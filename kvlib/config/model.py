@@ -15,7 +15,14 @@ from pathlib import Path
 from typing import Any
 
 from kvlib.config.fields import ConfigError, first_int, get_bool, get_optional_int, text_config
-from kvlib.config.guards import MAX_CONFIG_BYTES, check_generates, check_modelled, check_sizes
+from kvlib.config.guards import (
+    MAX_CONFIG_BYTES,
+    MAX_NESTING,
+    check_generates,
+    check_modelled,
+    check_sizes,
+    nesting_depth,
+)
 from kvlib.config.layer_types import layer_types
 from kvlib.config.layers import attention_heads, sliding_window, specs_from_types
 from kvlib.config.parts import (
@@ -157,6 +164,11 @@ def _read_json(path: Path) -> Mapping[str, Any]:
         raise ConfigError(
             f"{path} is not UTF-8 text (byte {exc.start:,}): save the config as UTF-8 JSON"
         ) from None
+    if nesting_depth(text) > MAX_NESTING:
+        raise ConfigError(
+            f"{path} nests objects or lists more than {MAX_NESTING} deep (a config.json is a "
+            "few levels deep): check the file"
+        )
     try:
         data = json.loads(text, object_pairs_hook=_unique_keys)
     except json.JSONDecodeError as exc:

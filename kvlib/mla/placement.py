@@ -21,8 +21,7 @@ from kvlib.config import ModelConfig
 from kvlib.dtypes import require_dtype
 from kvlib.hardware import VLLM_GPU_MEMORY_UTILIZATION, GPUSpec, vllm_budget_bytes
 from kvlib.sizing import kv_bytes, seats
-from kvlib.weights.layouts import weight_groups
-from kvlib.weights.params import group_weight_bytes
+from kvlib.view import model_view
 
 __all__ = [
     "AttentionParallel",
@@ -48,7 +47,7 @@ def weight_bytes_per_gpu(
     ways except those vLLM replicates (``fused_qkv_a_proj``, the router, the norms).
     ``"dp"`` (``-dp N --enable-expert-parallel``): the routed experts split N ways,
     everything else (attention, shared experts, dense MLPs, embeddings, LM head) whole
-    on every GPU.
+    on every GPU (:meth:`kvlib.view.ModelView.dp_weight_bytes_per_gpu`).
     """
     require_int(gpus, "gpus", 1)
     if attention not in ("tp", "dp"):
@@ -57,12 +56,7 @@ def weight_bytes_per_gpu(
         require_dtype(weight_dtype)
     if attention == "tp":
         return bounds_weight_bytes_per_gpu(cfg, gpus, weight_dtype)
-    groups = weight_groups(cfg)
-    whole = [g for g in groups if g.copies_per_layer <= 1]
-    experts = [g for g in groups if g.copies_per_layer > 1]
-    return group_weight_bytes(cfg, whole, weight_dtype) + cdiv(
-        group_weight_bytes(cfg, experts, weight_dtype), gpus
-    )
+    return model_view(cfg).dp_weight_bytes_per_gpu(gpus, weight_dtype)
 
 
 def node_seats(

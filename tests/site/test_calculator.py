@@ -25,6 +25,8 @@ from typing import Any
 from urllib.parse import parse_qsl, urlencode, urlsplit
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from site_helpers import (
     ROOT,
     ensure_site,
@@ -462,3 +464,51 @@ def test_the_build_stops_with_a_clear_message_without_npm(tmp_path: Path) -> Non
     )
     assert done.returncode != 0
     assert "npm is not installed" in done.stderr and "Traceback" not in done.stderr
+
+
+def _hostile_config() -> st.SearchStrategy[str]:
+    """A pasted config.json as a careless or hostile hand leaves it: a field made huge,
+    negative, zero, a string, NaN, a list or an object; a key given twice; or nesting far
+    deeper than any config (the same shapes the CLI's own fuzz test draws)."""
+    fields = st.sampled_from(sorted(k for k, v in PASTED.items() if isinstance(v, int)))
+    values = st.one_of(
+        st.integers(min_value=-(10**40), max_value=10**40),
+        st.sampled_from(["0", "-1", '"40"', "NaN", "Infinity", "[40]", '{"n": 40}', "null"]),
+    )
+
+    def replaced(field: str, value: Any) -> str:
+        text = json.dumps(PASTED)
+        raw = value if isinstance(value, str) else str(value)
+        return text.replace(f'"{field}": {PASTED[field]}', f'"{field}": {raw}')
+
+    def doubled(field: str, value: int) -> str:
+        return json.dumps(PASTED)[:-1] + f', "{field}": {value}}}'
+
+    def nested(depth: int) -> str:
+        return json.dumps(PASTED)[:-1] + ', "extra": ' + "[" * depth + "]" * depth + "}"
+
+    return st.one_of(
+        st.builds(replaced, fields, values),
+        st.builds(doubled, fields, st.integers(min_value=1, max_value=64)),
+        st.builds(nested, st.integers(min_value=500, max_value=100_000)),
+    )
+
+
+@settings(max_examples=25, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(text=_hostile_config())
+def test_hostile_pasted_config_gets_what_the_cli_gives(
+    calculator: Calculator, tmp_path: Path, text: str
+) -> None:
+    """Differential fuzz: the page on Pyodide and the CLI agree on every drawn config,
+    a report both, or one line naming the field and the fix both, never a traceback."""
+    status, expected, line = _pasted_cli(text, [], tmp_path)
+    assert status in (0, 2) and "Traceback" not in line
+    state = calculator.submit({}, pasted=text)
+    if status == 0:
+        assert state == "ready" and calculator.result() == expected
+    else:
+        assert line.startswith("kvlib size: error: ") and "\n" not in line
+        assert state == "error" and list(calculator.shown_errors().values()) == [line]
+    body = calculator.page.inner_text("body")
+    assert "Traceback" not in body and 'File "' not in body

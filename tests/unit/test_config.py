@@ -356,7 +356,18 @@ def _size_error(path: Path) -> str:
 def test_a_config_nested_past_the_readers_depth_is_one_line(tmp_path: Path) -> None:
     path = tmp_path / "config.json"
     path.write_text('{"a":' * 100_000 + "1" + "}" * 100_000)
-    assert "nests objects or lists too deeply" in _size_error(path)
+    assert "nests objects or lists more than 64 deep" in _size_error(path)
+
+
+def test_the_nesting_cap_is_the_same_below_the_readers_depth(tmp_path: Path) -> None:
+    """65 levels, far below CPython's recursion limit, are refused as 100,000 are: the
+    page's Pyodide and the CLI share the cap, not their parsers' limits."""
+    path = tmp_path / "config.json"
+    extra = "[" * 64 + "]" * 64  # inside the top-level object: 65 levels in all
+    path.write_text(json.dumps(LLAMA_8B)[:-1] + f', "extra": {extra}}}')
+    assert "nests objects or lists more than 64 deep" in _size_error(path)
+    path.write_text(json.dumps(LLAMA_8B)[:-1] + ', "extra": ' + "[" * 63 + "]" * 63 + "}")
+    assert load_config(path).num_hidden_layers == LLAMA_8B["num_hidden_layers"]
 
 
 def test_a_key_given_twice_is_reported_with_both_values(tmp_path: Path) -> None:

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from kvlib.config import ConfigError, load_config
+from kvlib.config.guards import nesting_depth
 
 # google-t5/t5-small config.json (the fields that matter here).
 T5_SMALL = {
@@ -138,3 +139,18 @@ def test_the_largest_published_widths_are_sized() -> None:
                        "num_attention_heads": 128, "num_key_value_heads": 8,
                        "vocab_size": 262_144})
     assert cfg.hidden_size == 16_384 and cfg.intermediate_size == 53_248
+
+
+@pytest.mark.parametrize(
+    ("text", "depth"),
+    [
+        ("{}", 1),
+        ('{"a": [1, {"b": 2}]}', 3),
+        ('{"a": "[[[{{{"}', 1),  # brackets inside a string do not nest
+        ('{"a": "\\"[", "b": [[]]}', 3),  # nor after an escaped quote
+        ('{"na\u00efve": ["\u00e9"]}', 2),  # non-ASCII text is not a bracket
+        ("[" * 1000 + "]" * 1000, 1000),
+    ],
+)
+def test_nesting_depth_counts_open_brackets_outside_strings(text: str, depth: int) -> None:
+    assert nesting_depth(text) == depth

@@ -259,11 +259,13 @@ def test_weight_split_matches_the_modules_transformers_builds() -> None:
     assert param_count(cfg) == built["all"]
     assert MLAShape.from_config(cfg).attention_params * 5 == built["self_attn."]
     gpus = 4
-    # DP attention: only the routed experts are split.
+    # DP attention: only the routed experts are split; the embedding and the LM head are
+    # padded from 300 to 320 rows at any degree (vLLM's pad_vocab_size).
     routed = built["mlp.experts."]
-    assert weight_bytes_per_gpu(cfg, gpus, "fp32", "dp") == 4 * (built["all"] - routed) + -(
-        -4 * routed // gpus
-    )
+    padded = 2 * (320 - 300) * cfg.hidden_size
+    assert weight_bytes_per_gpu(cfg, gpus, "fp32", "dp") == 4 * (
+        built["all"] - routed + padded
+    ) + -(-4 * routed // gpus)
     # TP: vLLM replicates fused_qkv_a_proj (q_a_proj + kv_a_proj_with_mqa), the router
     # and the RMSNorm weights; everything else is split.
     replicated = built["q_a_proj"] + built["kv_a_proj"] + built["mlp.gate."] + built["norm"]

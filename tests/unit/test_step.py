@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import itertools
+import math
 
 import pytest
 
 from kvlib.bounds import decode_bytes_per_gpu
 from kvlib.config import load_config
 from kvlib.hardware import get_gpu
+from kvlib.mla import weight_bytes_per_gpu
 from kvlib.step import (
     ASSUMED_MFU,
     VLLM_MAX_NUM_BATCHED_TOKENS_API,
@@ -20,6 +22,8 @@ from kvlib.step import (
     step_time,
     step_time_from_counts,
 )
+from kvlib.view import model_view
+from kvlib.weights.params import unread_weight_bytes
 
 LLAMA = load_config("Llama-3.1-8B")
 H100 = get_gpu("H100-SXM")
@@ -185,3 +189,63 @@ def test_a_prefix_cache_hit_leaves_the_rest_of_the_prompt_to_prefill() -> None:
     assert warm.total_s < cold.total_s
     with pytest.raises(ValueError, match="cached_tokens"):
         steady_state_step(LLAMA, H100, 128, 4_000, 1_000, cached_tokens=4_000)
+
+
+# DeepSeek-V2's routed experts from its published config (60 layers, the first dense, 160
+# experts of width 1,536 on a hidden size of 5,120, gate, up and down), not from kvlib.
+V2 = load_config("DeepSeek-V2")
+V2_EXPERT_PARAMS = 59 * 160 * 3 * 5_120 * 1_536
+
+
+def test_data_parallel_attention_on_one_gpu_is_the_single_gpu_step() -> None:
+    view = model_view(V2)
+    for tokens in (1, 7, 64, 4_096):
+        assert (view.dp_step_weight_bytes_per_gpu(tokens, 1, "fp8")
+                == view.step_weight_bytes_per_gpu(tokens, 1, "fp8"))
+    contexts, chunks = [3_000] * 40, [PrefillChunk(512, 1_000)]
+    dp = step_time(V2, H100, contexts, chunks, dp=1, kv_dtype="fp8", weight_dtype="fp8")
+    single = step_time(V2, H100, contexts, chunks, kv_dtype="fp8", weight_dtype="fp8")
+    assert dp == single
+
+
+def test_a_data_parallel_gpu_steps_its_own_sequences_whole() -> None:
+    # 1,512 tokens: enough that one GPU alone touches every expert too.
+    contexts, chunks = [3_000] * 1_000, [PrefillChunk(512, 1_000)]
+    dp8 = step_time(V2, H100, contexts, chunks, dp=8, kv_dtype="fp8", weight_dtype="fp8")
+    single = step_time(V2, H100, contexts, chunks, kv_dtype="fp8", weight_dtype="fp8")
+    # Its own caches whole and its own tokens' FLOPs: what one GPU alone would do.
+    for term in ("decode_kv_bytes", "decode_attention_flops", "prefill_kv_bytes",
+                 "prefill_attention_flops", "weight_flops"):
+        assert getattr(dp8, term) == getattr(single, term), term
+    # Its weights: the dense ones whole, 1/8 of the routed experts' bytes.
+    all_touched = 7 * V2_EXPERT_PARAMS // 8  # fp8: one byte a parameter
+    assert single.weight_bytes - dp8.weight_bytes == all_touched
+
+
+def test_a_data_parallel_gpu_reads_its_placed_weights() -> None:
+    # 500 sequences a GPU, 4,000 on the node: every expert is touched.
+    step = step_time(V2, H100, [4_000] * 500, dp=8, kv_dtype="fp8", weight_dtype="fp8")
+    placed = weight_bytes_per_gpu(V2, 8, "fp8", attention="dp")
+    assert step.weight_bytes == placed - unread_weight_bytes(V2, "fp8")  # the embedding table
+    # One sequence a GPU: 8 tokens on the node touch at most 48 of the 160 experts.
+    few = step_time(V2, H100, [4_000], dp=8, kv_dtype="fp8", weight_dtype="fp8")
+    touched = 160 * (1 - (1 - 6 / 160) ** 8)
+    share = V2_EXPERT_PARAMS // 8
+    assert few.weight_bytes == step.weight_bytes - share + math.ceil(share * touched / 160)
+
+
+@pytest.mark.parametrize(("batch", "context", "prefill", "mfu"),
+                         [(1, 1_000, 0, 0.6), (64, 4_000, 0, 1.0), (500, 16_000, 0, 0.6),
+                          (32, 2_000, 2_048, 1.0), (0, 0, 8_192, 0.6)])
+def test_every_data_parallel_step_is_reachable(
+    batch: int, context: int, prefill: int, mfu: float
+) -> None:
+    step = mixed_step(V2, H100, batch, context, prefill, mfu=mfu, dp=8, kv_dtype="fp8",
+                      weight_dtype="fp8")
+    assert step.reachable()
+    assert step.hbm_bytes_per_s <= H100.hbm_bandwidth_bytes_per_s * (1 + 1e-9)
+
+
+def test_tensor_and_data_parallel_together_is_refused() -> None:
+    with pytest.raises(ValueError, match="pass tp or dp, not both"):
+        step_time(V2, H100, [1_000], tp=2, dp=4)
