@@ -47,7 +47,9 @@ ENGINEER = [c for c in _commands(_section("Engineer")) if c.startswith(".venv/bi
 
 
 def test_engineer_paragraph_shows_the_commands() -> None:
-    assert {shlex.split(c)[1] for c in ENGINEER} == {"size", "queue", "bench", "engine-bench"}
+    assert {shlex.split(c)[1] for c in ENGINEER} == {
+        "size", "queue", "bench", "engine-bench", "step", "capacity", "reload", "handoff"
+    }
 
 
 @pytest.mark.parametrize("command", ENGINEER)
