@@ -30,7 +30,7 @@ class RemedyRow:
     remedy: str
     cost: str  # the cost tier; "" for the deployment as it stands
     gpus: int
-    block_seats: int  # every replica's, at the traffic's full length
+    seats: int  # block seats (Capacity.total_block_seats), every replica's, at full length
     batch: int  # sequences decoding together on one replica
     limited_by: str
     tokens_per_s: float
@@ -85,7 +85,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _row(remedy: str, cost: str, cap: Capacity) -> RemedyRow:
     return RemedyRow(
-        remedy=remedy, cost=cost, gpus=cap.scenario.gpus, block_seats=cap.total_block_seats,
+        remedy=remedy, cost=cost, gpus=cap.scenario.gpus, seats=cap.total_block_seats,
         batch=cap.batch, limited_by=cap.limited_by, tokens_per_s=cap.tokens_per_s,
         full_use_tokens_per_s=cap.full_use_tokens_per_s, bound=cap.bound_by,
         step_s=cap.step_s, prefill_tokens_per_step=cap.prefill_tokens_per_step,
@@ -119,7 +119,7 @@ def capacity_report(scenario: str, mfu: float = SERVING_MFU) -> CapacityReport:
 def render(r: CapacityReport) -> str:
     """The human-readable table, one remedy a line, cheapest first."""
     head = ("remedy", "cost", "GPUs", "seats", "tokens/s", "bound", "step", "TFLOP/s", "TB/s")
-    lines = [(row.remedy, row.cost or "-", str(row.gpus), f"{row.block_seats:,}",
+    lines = [(row.remedy, row.cost or "-", str(row.gpus), f"{row.seats:,}",
               f"{row.tokens_per_s:,.0f}", row.bound, f"{row.step_s * 1e3:.1f} ms",
               f"{row.flops_per_s / 1e12:,.0f}", f"{row.hbm_bytes_per_s / 1e12:.2f}")
              for row in r.rows]

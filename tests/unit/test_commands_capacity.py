@@ -32,12 +32,12 @@ def test_the_default_is_the_document_assistant_as_deployed_first(
     assert report["scenario"] == "document_assistant" and report["mfu"] == 0.6
     first = report["rows"][0]
     assert set(first) == set(RemedyRow.__dataclass_fields__)
-    assert {"remedy", "gpus", "block_seats", "tokens_per_s", "bound", "step_s", "flops_per_s",
+    assert {"remedy", "gpus", "seats", "tokens_per_s", "bound", "step_s", "flops_per_s",
             "hbm_bytes_per_s"} <= set(first)
     cap = assess(document_assistant())
     assert first["remedy"] == "as deployed"
     assert first["tokens_per_s"] == pytest.approx(cap.tokens_per_s)
-    assert first["block_seats"] == cap.total_block_seats and first["bound"] == cap.bound_by
+    assert first["seats"] == cap.total_block_seats and first["bound"] == cap.bound_by
 
 
 @pytest.mark.parametrize("mfu", ["0.3", "0.6", "1"])
@@ -56,7 +56,7 @@ def test_every_row_is_reachable(
         assert row["flops_per_s"] <= float(mfu) * peak * (1 + 1e-9), row
         assert row["hbm_bytes_per_s"] <= H100.hbm_bandwidth_bytes_per_s * (1 + 1e-9), row
         # tokens/s x step time is the sequences decoding, every replica: at most the seats.
-        assert row["tokens_per_s"] * row["step_s"] <= row["block_seats"] + 1e-6
+        assert row["tokens_per_s"] * row["step_s"] <= row["seats"] + 1e-6
 
 
 def test_the_mfu_flag_reaches_the_rows(capsys: pytest.CaptureFixture[str]) -> None:
