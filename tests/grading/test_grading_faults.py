@@ -164,8 +164,10 @@ def test_two_make_grade_at_once_on_a_fresh_clone(tmp_path: Path) -> None:
     clone(course)
     tracked = _tree(course)
     release = course / "exercises" / ASSIGNMENT / f"{NOTEBOOK}.ipynb"
-    write(submission(RIGHT, release), submitted(course, "s1"))
-    write(submission(RIGHT, release), submitted(course, "s2"))
+    # Each notebook sleeps 4 s, so the first run is still grading when the others start,
+    # however fast the machine.
+    write(submission(SLOW_RIGHT, release), submitted(course, "s1"))
+    write(submission(SLOW_RIGHT, release), submitted(course, "s2"))
     env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": os.environ.get("HOME", "/tmp"),
            "LANG": "C.UTF-8"}
 
@@ -180,7 +182,7 @@ def test_two_make_grade_at_once_on_a_fresh_clone(tmp_path: Path) -> None:
     while not (lock.is_file() and lock.read_text()):  # the first run is grading
         assert time.monotonic() < deadline and first.poll() is None, "the first run never began"
         time.sleep(0.2)
-    time.sleep(2)
+    time.sleep(1)
     second, waiting = make(), make("WAIT=1")
     out2, err2 = second.communicate(timeout=600)
     out1, err1 = first.communicate(timeout=600)
@@ -285,9 +287,13 @@ def test_stopped_mid_batch_then_run_again(graded: Path, tmp_path: Path, sig: int
     alone (as a scheduler or ``kill`` sends it). The run ends its workers, says how far it
     got; the rerun keeps that and grades the rest."""
     course = _copy(graded, tmp_path)
+    # The second student's notebook sleeps 4 s, so the stop lands while it is graded however
+    # fast the machine grades the others.
+    release = course / "exercises" / ASSIGNMENT / f"{NOTEBOOK}.ipynb"
+    write(submission(SLOW_RIGHT, release), submitted(course, "s2"))
     run = _start(course, "--force", "--jobs", "1")
     seen = _read_until(run, r"^\[1/3\]")
-    time.sleep(1)  # the second student's kernel is running
+    time.sleep(1)  # the second student's kernel is starting or running
     if sig == signal.SIGINT:
         os.killpg(run.pid, sig)
     else:
