@@ -121,4 +121,7 @@ def configure(
     km.file_bytes = limits.file_bytes
     km.scratch_bytes = limits.scratch_bytes
     km.cpu_s = limits.notebook_s
-    c.ClearSolutions.code_stub = {"python": "# YOUR CODE HERE\nraise NotImplementedError()"}
+    # An answer cell opens with ``name = ...  # replace ... with your answer`` outside the
+    # solution region, so a released notebook runs from the top to the end (Run All stops
+    # nowhere) and an unanswered challenge scores nothing, said by its check.
+    c.ClearSolutions.code_stub = {"python": ""}

@@ -51,9 +51,10 @@ Chapter 7, the capstone:
     kvlib.nn (decoder)
 
 Chapter 8, beyond one GPU (tiers, reload or recompute, prefill/decode hand-off):
-    kvlib.tiers (handoff, links, nodes, reload)
+    kvlib.tiers (handoff, links, nodes, reload, split)
     kvlib.engine.host_tier
     kvlib.engine.disagg
+    kvlib.serving.routing
 
 Grading, what a graded notebook imports (standard library only):
     kvlib.grading (configs, draw, slips)

@@ -5,13 +5,22 @@ has no num_attention_heads; transformers uses Gemma3TextConfig's 8). kvlib must
 use the same defaults without importing transformers, so they are extracted here
 from the pinned transformers release; tests/unit/test_config.py checks the file is current.
 
-Usage: python scripts/gen_config_defaults.py [--check]
+``--check`` compares the file with a fresh extraction, which imports every config class
+(half a minute). The file records a fingerprint of what the extraction reads (the
+transformers version, its configuration sources, this script) and a digest of its own
+table: while both still match, a fresh extraction would write the same bytes, so the
+check stops there; ``--check --full`` always extracts.
+
+Usage: python scripts/gen_config_defaults.py [--check [--full]] [--file PATH]
 """
 
 from __future__ import annotations
 
+import argparse
+import hashlib
+import importlib.metadata
+import importlib.util
 import json
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -135,17 +144,64 @@ def _version() -> str:
     return str(transformers.__version__)
 
 
-def main() -> int:
-    text = json.dumps(defaults(), indent=1, sort_keys=True) + "\n"
-    if "--check" in sys.argv[1:]:
-        if OUT.read_text() != text:
-            print(f"{OUT} is out of date: run python scripts/gen_config_defaults.py")
-            return 1
+def fingerprint() -> str:
+    """sha256 of what :func:`defaults` reads: the installed transformers' version, every
+    ``configuration_*.py`` in it, and this script (its field list and rules), found
+    without importing transformers."""
+    spec = importlib.util.find_spec("transformers")
+    if spec is None or spec.origin is None:
+        raise SystemExit("transformers is not installed: pip install the project's [dev] set")
+    root = Path(spec.origin).parent
+    digest = hashlib.sha256(importlib.metadata.version("transformers").encode())
+    for path in [Path(__file__).resolve(), *sorted(root.rglob("configuration_*.py"))]:
+        digest.update(path.name.encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()
+
+
+def table_digest(table: dict[str, Any]) -> str:
+    """sha256 of the table as written, without its two digests."""
+    body = {k: v for k, v in table.items() if k not in ("fingerprint", "table_sha256")}
+    return hashlib.sha256(json.dumps(body, indent=1, sort_keys=True).encode()).hexdigest()
+
+
+def render(table: dict[str, Any]) -> str:
+    """The file's text: the table with the fingerprint and its own digest."""
+    table = {**table, "fingerprint": fingerprint()}
+    table["table_sha256"] = table_digest(table)
+    return json.dumps(table, indent=1, sort_keys=True) + "\n"
+
+
+def unchanged(path: Path) -> bool:
+    """True when the file is as this script wrote it and what it was extracted from is
+    unchanged: a fresh extraction would give the same file."""
+    try:
+        table = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return False
+    return (table.get("fingerprint") == fingerprint()
+            and table.get("table_sha256") == table_digest(table))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--check", action="store_true", help="exit 1 if the file is stale")
+    parser.add_argument("--full", action="store_true", help="with --check: always extract")
+    parser.add_argument("--file", type=Path, default=OUT)
+    args = parser.parse_args(argv)
+    if args.check and not args.full and unchanged(args.file):
+        print(f"{args.file} is current (fingerprint {fingerprint()[:12]} unchanged)")
         return 0
-    OUT.write_text(text)
-    print(f"wrote {OUT}")
+    text = render(defaults())
+    if args.check:
+        if not args.file.is_file() or args.file.read_text() != text:
+            print(f"{args.file} is out of date: run python scripts/gen_config_defaults.py")
+            return 1
+        print(f"{args.file} is current (extracted afresh)")
+        return 0
+    args.file.write_text(text)
+    print(f"wrote {args.file}")
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    raise SystemExit(main())

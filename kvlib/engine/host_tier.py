@@ -8,10 +8,12 @@ computing them again (vLLM's CPU offloading connector, SGLang's HiCache, in mini
   block's hash; the host pool is LRU too and drops its oldest block past
   ``capacity_blocks``.
 - **Reload.** Before each step plans, the tier walks the leading full blocks of the
-  requests about to be admitted (the prompt's last token excluded, as the prefix cache
-  does): a block the GPU pool still holds is left alone, one only the host holds is copied
-  into a free GPU block and registered under its hash, and the walk stops at the first
-  block neither holds. The scheduler then finds those blocks as ordinary prefix hits.
+  waiting requests the step can admit (in order, while the free blocks cover their
+  prompts; the prompt's last token excluded, as the prefix cache does): a block the GPU
+  pool still holds is kept, one only the host holds is copied into a free GPU block and
+  registered under its hash, and the walk stops at the first block neither holds. The
+  prefix's blocks stay off the free queue until the walk ends, so a copy never evicts the
+  prefix it completes. The scheduler then finds those blocks as ordinary prefix hits.
 - **Time.** With a modelled GPU clock, the copy costs :func:`kvlib.tiers.reload.reload_s`
   of the tokens brought back, for the clock's model, over the tier's link, before the
   step that uses them (the copy is not overlapped with compute: an upper bound on its
@@ -36,6 +38,7 @@ from kvlib.engine.gpu_clock import GpuClock
 from kvlib.nn.decoder import PagedKV, TinyDecoder
 from kvlib.paging.block_pool import Block, BlockPool
 from kvlib.paging.prefix import BlockHash, block_hashes
+from kvlib.paging.table import blocks_for_tokens
 from kvlib.tiers.links import Link
 from kvlib.tiers.reload import reload_s
 
@@ -85,16 +88,24 @@ class HostTier:
 
     def reload_prefix(self, tokens: Sequence[int]) -> int:
         """Copy back the leading blocks of ``tokens`` the GPU pool lost and the host kept;
-        return the tokens copied."""
+        return the tokens copied.
+
+        The prefix's blocks, those the GPU still holds and those copied back, are held off
+        the free queue until the walk ends, so that a copy never evicts the prefix's own
+        earlier blocks; they are then freed last block first, leaving the leading blocks
+        the last the pool evicts."""
         size = self.pool.block_size
         hashes = block_hashes(list(tokens), size)[: (len(tokens) - 1) // size]
+        held: list[Block] = []
         copied = 0
         for block_hash in hashes:
-            if self.pool.get_cached_block(block_hash) is not None:
+            block = self.pool.get_cached_block(block_hash)
+            if block is not None:
+                self.pool.touch([block])
+                held.append(block)
                 continue
             entry = self.blocks.get(block_hash)
-            # keep the blocks just copied back off the head of the free queue
-            if entry is None or self.pool.num_free_blocks <= len(hashes):
+            if entry is None or self.pool.num_free_blocks == 0:
                 break
             [block] = self.pool.allocate(1)
             rows = self._rows(block)
@@ -102,10 +113,12 @@ class HostTier:
                 self.kv.keys[layer][rows] = k
                 self.kv.values[layer][rows] = v
             self.pool.cache_block(block, block_hash)
-            self.pool.free([block])  # cached and free: the scheduler's prefix lookup finds it
+            held.append(block)
             self.blocks.move_to_end(block_hash)
             self.reloaded_blocks += 1
             copied += size
+        # cached and free again: the scheduler's prefix lookup finds them
+        self.pool.free(reversed(held))
         return copied
 
 
@@ -132,16 +145,39 @@ class HostTieredEngine(Engine):
         self.reload_s = 0.0  # modelled seconds spent copying blocks back
 
     def before_schedule(self) -> None:
-        """Copy back, from the host, the prefixes of the requests the next step may admit."""
+        """Copy back, from the host, the prefixes of the requests the next step can admit:
+        first come first served, while the free blocks, less one for each running
+        sequence's next token, cover each prompt's blocks (those a running sequence already
+        holds excepted). A request the step cannot admit gets nothing copied: its blocks
+        would be reused before it runs, and the copy paid again the next step."""
         room = self.config.max_num_seqs - len(self.scheduler.running)
-        tokens = sum(self.host.reload_prefix(seq.tokens)
-                     for seq in list(self.scheduler.waiting)[:max(0, room)])
+        free = self.cache.pool.num_free_blocks
+        tokens = 0
+        for seq in list(self.scheduler.waiting)[:max(0, room)]:
+            free -= self._blocks_to_admit(seq.tokens)
+            if free < 0:
+                break  # the scheduler admits in order: it waits, and everyone behind it
+            tokens += self.host.reload_prefix(seq.tokens)
         self.reloaded_tokens += tokens
         if tokens and self.gpu_clock is not None:
             seconds = reload_s(self.gpu_clock.cfg, tokens, self.link.bytes_per_s,
                                setup_s=self.link.setup_s)
             self.modelled_now_s += seconds
             self.reload_s += seconds
+
+
+    def _blocks_to_admit(self, tokens: Sequence[int]) -> int:
+        """Free blocks admitting a prompt of ``tokens`` takes: all its blocks but the
+        leading ones a running sequence holds (``ref_count > 0``, not in the free queue)."""
+        pool, size = self.cache.pool, self.config.block_size
+        hashes = block_hashes(list(tokens), size)[: (len(tokens) - 1) // size]
+        held = 0
+        for block_hash in hashes:
+            block = pool.get_cached_block(block_hash)
+            if block is None or block.ref_count == 0:
+                break
+            held += 1
+        return blocks_for_tokens(len(tokens), size) - held
 
 
 @dataclass(frozen=True)

@@ -171,7 +171,7 @@ def expect(
     )
     if hint is None:
         side = "too large" if value > expected else "too small"
-        tolerance = f"within {rel:.0%}" if rel >= 1e-4 else "exactly"
+        tolerance = f"within {rel * 100:.2g}%" if rel >= 1e-4 else "exactly"  # 0.1%, 2%
         hint = (
             f"it is {side}, and not {tolerance} right. Recheck each factor of the "
             f"formula and the unit{in_unit}."
@@ -207,6 +207,10 @@ def plausible(
     off (a unit slip of 1000x), and says nothing about the value being right.
     Prints one line when the answer passes.
     """
+    if answer is Ellipsis:  # the released notebook's placeholder: say so, run on
+        print(f"{name} is not answered yet: replace the ... in the cell above with your "
+              "answer.")
+        return
     value = real_value(answer, name, unit)
     in_unit = f" (in {unit})" if unit else ""
     if integer and not is_whole(value):

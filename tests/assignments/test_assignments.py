@@ -131,7 +131,7 @@ def test_solution_scores_full_and_silently(batch: Batch) -> None:
 def test_blank_scores_zero_and_says_what_is_missing(batch: Batch) -> None:
     assert batch.scores()["blank"] == 0
     for grade_id in batch.tests:
-        assert "is not defined" in batch.errors("blank", grade_id), grade_id
+        assert "is still the placeholder `...`" in batch.errors("blank", grade_id), grade_id
 
 
 def test_each_classic_mistake_is_named(batch: Batch) -> None:

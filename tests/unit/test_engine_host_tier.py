@@ -93,3 +93,37 @@ def test_a_tiny_host_pool_drops_its_oldest_blocks(model: TinyDecoder) -> None:
 def test_prefix_caching_is_required(model: TinyDecoder) -> None:
     with pytest.raises(ValueError, match="enable_prefix_caching"):
         HostTieredEngine(model, EngineConfig(num_blocks=8), 4, PCIE5)
+
+
+def _run(model: TinyDecoder, num_blocks: int, think_steps: int,
+         host_blocks: int | None) -> MultiTurnRun:
+    config = EngineConfig(num_blocks=num_blocks, block_size=16, max_num_seqs=4,
+                          enable_prefix_caching=True, max_num_batched_tokens=2048)
+    sessions = multi_turn(6, 3, prompt_tokens=384, message_tokens=32, reply_tokens=8,
+                          think_steps=think_steps)
+    return run_multi_turn(model, config, sessions, host_blocks=host_blocks, link=PCIE5,
+                          gpu_clock=GpuClock.named())
+
+
+def test_blocks_are_copied_back_only_for_a_request_the_step_admits(
+    model: TinyDecoder,
+) -> None:
+    # No think time: the conversations run together in a pool of about one of them, and
+    # most steps cannot admit the next waiting turn. A copy made for it anyway is reused
+    # before it runs and made again the next step; every copied token must be a hit.
+    with_tier = _run(model, 80, 0, 1024)
+    without = _run(model, 80, 0, None)
+    assert 0 < with_tier.reloaded_tokens <= with_tier.prefix_hit_tokens
+    assert with_tier.mean_ttft_s() < without.mean_ttft_s()
+
+
+def test_a_copy_back_never_evicts_the_prefix_it_completes(model: TinyDecoder) -> None:
+    # A pool of twice that: a later turn finds its first blocks still on the GPU (free,
+    # at the head of the eviction queue) and the rest only on the host. Copying the rest
+    # must not evict the first ones, or the turn finds no prefix at all.
+    with_tier = _run(model, 160, 5, 1024)
+    without = _run(model, 160, 5, None)
+    assert with_tier.reloaded_tokens > 0
+    for rid, result in without.results.items():
+        assert with_tier.results[rid].cached_prompt_tokens >= result.cached_prompt_tokens, rid
+    assert with_tier.hit_rate > without.hit_rate

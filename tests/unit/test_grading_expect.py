@@ -239,6 +239,9 @@ CANDIDATES: list[object] = [
     Fraction(3, 2), IntThatEqualsAll(98_304), FloatSubclass(98_304), AlwaysEqual(), math.nan,
     math.inf, complex(1, 0),
 ]
+# The placeholder ``...`` of a released answer cell is said, not refused, by the visible
+# check (test_placeholder_is_said_not_refused); every other candidate gets one verdict.
+GRADED = [c for c in CANDIDATES if c is not Ellipsis]
 
 
 class TestPlausibleAgreesWithExpect:
@@ -268,10 +271,19 @@ class TestPlausibleAgreesWithExpect:
 
     @pytest.mark.parametrize("integer", [True, False])
     @pytest.mark.parametrize(
-        "answer", CANDIDATES, ids=[f"{i}-{type(c).__name__}" for i, c in enumerate(CANDIDATES)]
+        "answer", GRADED, ids=[f"{i}-{type(c).__name__}" for i, c in enumerate(GRADED)]
     )
     def test_same_verdict(self, answer: object, integer: bool) -> None:
         assert self.refused_by_plausible(answer, integer) == self.refused_by_expect(answer, integer)
+
+    def test_placeholder_is_said_not_refused(self, capsys: pytest.CaptureFixture[str]) -> None:
+        """A released answer cell holds ``x = ...``: its check says so without raising (Run
+        All goes on to the next challenge), and the hidden test still scores it nothing."""
+        plausible(..., "x", "bytes", low=0, high=1)
+        assert capsys.readouterr().out == (
+            "x is not answered yet: replace the ... in the cell above with your answer.\n")
+        with pytest.raises(AssertionError, match="still the placeholder"):
+            expect(..., 1.0, name="x")
 
     def test_integral_float_passes_both(self, capsys: pytest.CaptureFixture[str]) -> None:
         """98304.0 bytes: the hidden test accepts it, so the visible check must too."""
@@ -293,3 +305,10 @@ def test_import_is_light() -> None:
     code = "import sys, kvlib.grading; print(sorted({'torch', 'numpy'} & set(sys.modules)))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+@pytest.mark.parametrize(("rel", "said"), [(0.001, "within 0.1%"), (0.02, "within 2%"),
+                                           (0.25, "within 25%"), (1e-9, "exactly")])
+def test_the_hint_states_the_tolerance_it_applied(rel: float, said: str) -> None:
+    with pytest.raises(AssertionError, match=re.escape(f"not {said} right")):
+        expect(1.5, 1.0, rel=rel, name="x", generic=False)

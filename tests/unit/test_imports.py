@@ -25,6 +25,7 @@ import subprocess
 import sys
 import sysconfig
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -71,19 +72,54 @@ LAYERS = [
     ("kvlib.commands", "kvlib.cli", "kvlib.__main__"),
 ]
 
+# Each module is imported in a process forked for it alone, from a parent that has
+# imported only what the module is allowed (so torch is imported once for all the
+# modules allowed torch, not once per module); what the fork adds that lives in
+# site-packages is the module's third-party imports beyond those allowed ones.
 _PROBE = """
-import importlib, json, sys, sysconfig
-before = set(sys.modules)
-importlib.import_module(sys.argv[1])
-paths = {sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]}
-third = set()
-for name in set(sys.modules) - before:
-    module = sys.modules[name]
-    origin = getattr(module, "__file__", None) or ""
-    top = name.split(".")[0]
-    if top != "kvlib" and any(origin.startswith(p) for p in paths):
-        third.add(top)
-print(json.dumps(sorted(third)))
+import importlib, json, os, sys, sysconfig
+PATHS = {sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]}
+
+def third(before):
+    found = set()
+    for name in set(sys.modules) - before:
+        origin = getattr(sys.modules[name], "__file__", None) or ""
+        if name.split(".")[0] != "kvlib" and any(origin.startswith(p) for p in PATHS):
+            found.add(name.split(".")[0])
+    return sorted(found)
+
+def forked(work):
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(read)
+        try:
+            out = json.dumps(work())
+        except BaseException as err:
+            out = json.dumps({"error": repr(err)})
+        os.write(write, out.encode())
+        os._exit(0)
+    os.close(write)
+    chunks = []
+    while chunk := os.read(read, 65536):
+        chunks.append(chunk)
+    os.close(read)
+    os.waitpid(pid, 0)
+    return json.loads(b"".join(chunks))
+
+def group(preload, modules):
+    for name in preload:
+        importlib.import_module(name)
+    def probe(module):
+        before = set(sys.modules)
+        importlib.import_module(module)
+        return third(before)
+    return {m: forked(lambda m=m: probe(m)) for m in modules}
+
+results = {}
+for preload, modules in json.loads(sys.argv[1]):
+    results.update(forked(lambda: group(preload, modules)))
+print(json.dumps(results))
 """
 
 
@@ -101,12 +137,29 @@ def _allowed(module: str) -> set[str] | None:
     return ALLOWED[max(matching, key=len)] if matching else set()
 
 
+def _probe(groups: list[tuple[list[str], list[str]]]) -> dict[str, Any]:
+    """Run the probe on ``[(allowed packages to preload, modules)]``."""
+    result = subprocess.run([sys.executable, "-c", _PROBE, json.dumps(groups)],
+                            capture_output=True, text=True, check=True)
+    found: dict[str, Any] = json.loads(result.stdout)
+    return found
+
+
+@functools.cache
+def _imports_beyond_allowed() -> dict[str, Any]:
+    """Each module -> the third-party packages importing it loads beyond those it is
+    allowed (the probe: one fork per module, from a parent holding the allowed ones)."""
+    groups: dict[tuple[str, ...], list[str]] = {}
+    for module in MODULES:
+        groups.setdefault(tuple(sorted(_allowed(module) or ())), []).append(module)
+    return _probe([(list(preload), modules) for preload, modules in groups.items()])
+
+
 def _third_party(module: str) -> set[str]:
-    """Top-level third-party packages importing ``module`` loads, in a fresh interpreter."""
-    result = subprocess.run(
-        [sys.executable, "-c", _PROBE, module], capture_output=True, text=True, check=True
-    )
-    return set(json.loads(result.stdout))
+    """Top-level third-party packages importing ``module`` alone loads."""
+    found = _probe([([], [module])])[module]
+    assert isinstance(found, list), found
+    return set(found)
 
 
 @functools.cache
@@ -117,7 +170,9 @@ def _with_dependencies(package: str) -> frozenset[str]:
 
 @pytest.mark.parametrize("module", [m for m in MODULES if _allowed(m) is not None])
 def test_third_party_imports_follow_the_rules(module: str) -> None:
-    imported = _third_party(module)
+    found = _imports_beyond_allowed()[module]
+    assert isinstance(found, list), f"importing {module} failed: {found}"
+    imported = set(found)
     allowed = _allowed(module)
     assert allowed is not None
     closure = set().union(*(_with_dependencies(p) for p in allowed)) if allowed else set()
@@ -233,6 +288,16 @@ PINNED = {
 @pytest.mark.parametrize("module", sorted(m for m, names in PINNED.items() if names))
 def test_public_names_are_pinned(module: str) -> None:
     assert sorted(importlib.import_module(module).__all__) == sorted(PINNED[module] or [])
+
+
+def test_the_probe_sees_what_is_loaded_beyond_the_preloaded() -> None:
+    """A module importing numpy: seen from a clean parent, not from one holding numpy,
+    and a failing import is reported, not taken as clean."""
+    held = ["numpy", "numpy.typing"]  # what kvlib.serving.simulate imports
+    found = _probe([([], ["kvlib.serving.simulate"]), (held, ["kvlib.serving.simulate"])])
+    assert "numpy" in _third_party("kvlib.serving.simulate")
+    assert found["kvlib.serving.simulate"] == []
+    assert "error" in _probe([([], ["kvlib.no_such_module"])])["kvlib.no_such_module"]
 
 
 def test_site_packages_are_where_the_probe_looks() -> None:
