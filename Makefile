@@ -25,10 +25,16 @@ book: $(STAMP) book-deps
 ## test: lint, type-check, then every test (unit, reference, notebooks, grading, site)
 # Test modules go out in collection order, where tests/conftest.py puts the site's last
 # and starts the book's build: xdist would otherwise send the largest modules first.
+# The duration it prints counts from make's start: installs, lint, types and every test.
+MAKE_START := $(shell date +%s)
 test: $(STAMP) system-deps
-	$(PY) -m ruff check kvlib course tests scripts nbgrader_config.py
-	$(PY) -m mypy
-	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) -m pytest -n $(TEST_WORKERS) --dist loadscope --no-loadscope-reorder --durations=25
+	@status=0; \
+	$(PY) -m ruff check kvlib course tests scripts nbgrader_config.py && $(PY) -m mypy && \
+	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) -m pytest -n $(TEST_WORKERS) --dist loadscope \
+	  --no-loadscope-reorder --durations=25 || status=$$?; \
+	echo "make test: $$(( $$(date +%s) - $(MAKE_START) )) s in all on $$(nproc) core(s)" \
+	  "(set-up, lint, types, tests), exit status $$status"; \
+	exit $$status
 
 lint: $(STAMP)
 	$(PY) -m ruff check kvlib course tests scripts nbgrader_config.py
