@@ -20,7 +20,8 @@ Steps:
    the book must never come from an old kvlib.
 4. Run ``jupyter-book build . --builder html -W -n --keep-going``: any Sphinx
    warning, broken reference or failing cell makes the build fail.
-5. Scan the HTML for remote script, stylesheet or font addresses: the site must
+5. Name the sidebar's section toggles (:func:`label_section_toggles`), then scan the
+   HTML for remote script, stylesheet or font addresses: the site must
    read offline; check that every file the calculator page loads was built.
 
 Usage: ``python scripts/build_book.py [--all] [--source DIR] [--chapter NN_slug]``.
@@ -350,6 +351,31 @@ def chapter_toc(source: Path, chapter: str, output: Path) -> Path:
     return path
 
 
+# The theme's sidebar opens a chapter's sections with a <summary> that holds only an
+# icon, which a screen reader announces with no name (axe-core's "summary-name", serious).
+SECTION_TOGGLE = re.compile(
+    r'(<a class="(?:current )?reference internal" href="[^"]*">)([^<]+)'
+    r'(</a><details(?: open="open")?>)<summary>'
+)
+
+
+def label_section_toggles(html_dir: Path) -> int:
+    """Give each sidebar toggle its chapter's title as a name; returns the pages changed.
+    Idempotent (a named toggle no longer matches), so a no-op rebuild changes nothing."""
+    changed = 0
+    for page in html_dir.rglob("*.html"):
+        if page.relative_to(html_dir).parts[0] == LITE_DIR_NAME:
+            continue  # JupyterLite's own pages
+        text = page.read_text(encoding="utf-8")
+        named = SECTION_TOGGLE.sub(
+            lambda m: f'{m[1]}{m[2]}{m[3]}<summary aria-label="{m[2]}: show or hide its '
+            'sections">', text)
+        if named != text:
+            page.write_text(named, encoding="utf-8")
+            changed += 1
+    return changed
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--all", action="store_true", help="re-read every page")
@@ -410,6 +436,7 @@ def main(argv: list[str] | None = None) -> int:
     with vendor_lock():
         shutil.copytree(lite_site, lite_target,
                         ignore=shutil.ignore_patterns(build_lite.FINGERPRINT))
+    label_section_toggles(html_dir)
     problems = remote_assets(html_dir)
     if problems:
         print("build_book: the site would load remote assets:", *problems, sep="\n  ",

@@ -23,6 +23,10 @@
   ``max(W / BW, 2 P (B + C) / F_eff)``, decode attention's cache reads, prefill
   attention's FLOPs, with ``F_eff = mfu x F_peak``
   (:data:`kvlib.capacity.scenario.SERVING_MFU`, an assumption);
+- with a host tier (``host_tier``, prefix caching on), a returning conversation's own
+  ``returning_tokens`` are copied back over PCIe 5.0 in whole blocks instead of prefilled:
+  they leave the step's prompt tokens, and the ``B / O`` copies a step starts run beside
+  its kernels (the step waits on them only where they take longer: ``bound_by`` "PCIe");
 - tokens/s = ``replicas x B / t_step``: every row is reachable, its FLOP/s at most
   ``mfu x F_peak`` and its bytes/s at most the bandwidth (:meth:`kvlib.step.StepTime.reachable`);
 - the same at full use (``full_use_tokens_per_s``): the batch the deployment reaches
@@ -42,6 +46,8 @@ from kvlib.hardware import vllm_budget_bytes
 from kvlib.paging.prefix import cacheable_blocks
 from kvlib.paging.vllm_pool import KVCacheGroup, KVPool, kv_pool
 from kvlib.step import StepTime, decode_attention_flops, steady_state_step
+from kvlib.tiers.links import get_link
+from kvlib.tiers.reload import reload_s
 from kvlib.units import GiB
 
 __all__ = [
@@ -75,6 +81,8 @@ class Capacity:
     full_use_batch: int  # the batch when demand fills the deployment
     full_use_step: StepTime
     request_flops: int | None = None  # prefill (uncached part) + decode of one request
+    reloaded_tokens: int = 0  # a request's prompt tokens copied back from the host tier
+    reload_s_per_request: float = 0.0  # those copies' time over one GPU's PCIe link
     notes: tuple[str, ...] = field(default=())
 
     @property
@@ -83,9 +91,22 @@ class Capacity:
         return self.guaranteed_seats >= 1
 
     @property
+    def cached_tokens(self) -> int:
+        """A request's prompt tokens it does not prefill: the shared prefix's full blocks
+        (prefix caching) and what the host tier copies back."""
+        return self.shared_blocks * self.scenario.block_size + self.reloaded_tokens
+
+    @property
     def step_s(self) -> float:
-        """The mean step's time: its operations' times added."""
-        return self.step.total_s
+        """The mean step's time: its operations' times added, or, where longer, the host
+        tier's copies for the requests it starts (a DMA copy runs beside the kernels)."""
+        return max(self.step.total_s, self.reload_s_per_step)
+
+    @property
+    def reload_s_per_step(self) -> float:
+        """The host tier's copies a mean step waits on at most: ``B / O`` requests start
+        each step, each copying its reloaded tokens (``reload_s_per_request``)."""
+        return self.batch / self.scenario.output_tokens * self.reload_s_per_request
 
     @property
     def step_bytes_per_gpu(self) -> int:
@@ -106,19 +127,22 @@ class Capacity:
     def full_use_tokens_per_s(self) -> float:
         """Output tokens a second when demand fills every seat the engine admits:
         ``replicas x full_use_batch / full-use step``."""
-        return self.scenario.replicas * self.full_use_batch / self.full_use_step.total_s
+        copies_s = self.full_use_batch / self.scenario.output_tokens * self.reload_s_per_request
+        return self.scenario.replicas * self.full_use_batch / max(self.full_use_step.total_s,
+                                                                   copies_s)
 
     @property
     def full_use_limited_by(self) -> str:
         """What caps the full-use batch: ``"KV cache"``, ``"max_num_seqs"`` or
         ``"token budget"``."""
-        return _binding(_caps(self.scenario, self.block_seats, self.shared_blocks))
+        return _binding(_caps(self.scenario, self.block_seats, self.cached_tokens))
 
     @property
     def bound_by(self) -> str:
         """``"memory"`` when the mean step's bytes at the bandwidth take longer than its
-        FLOPs at ``mfu x F_peak`` (the KV-bound regime), else ``"compute"``."""
-        return self.step.bound
+        FLOPs at ``mfu x F_peak`` (the KV-bound regime), else ``"compute"``; ``"PCIe"``
+        where the host tier's copies take longer than the step."""
+        return "PCIe" if self.reload_s_per_step > self.step.total_s else self.step.bound
 
     @property
     def compute_utilization(self) -> float:
@@ -250,8 +274,8 @@ def prefill_compute_share(cap: Capacity) -> float:
     bound it never exceeds the scenario's ``mfu``.
     """
     s = cap.scenario
-    cached = cap.shared_blocks * s.block_size
-    flops = prefill_flops(s.model, s.prompt_tokens).total - _cached_prefill(s.model, cached)
+    flops = (prefill_flops(s.model, s.prompt_tokens).total
+             - _cached_prefill(s.model, cap.cached_tokens))
     requests_per_s = cap.tokens_per_s / s.output_tokens
     return requests_per_s * flops / (s.gpus * s.gpu.bf16_dense_flops_per_s)
 
@@ -273,10 +297,10 @@ def budget_batch(s: Scenario, cached_tokens: int = 0) -> int:
     return max(1, s.max_num_batched_tokens * s.output_tokens // (s.output_tokens + uncached))
 
 
-def _caps(s: Scenario, seats: int, shared_blocks: int) -> dict[str, int]:
+def _caps(s: Scenario, seats: int, cached_tokens: int) -> dict[str, int]:
     """The batch each limit allows: the pool's seats, ``max_num_seqs``, the token budget."""
     return {"KV cache": seats, "max_num_seqs": s.max_num_seqs,
-            "token budget": budget_batch(s, shared_blocks * s.block_size)}
+            "token budget": budget_batch(s, cached_tokens)}
 
 
 def _binding(caps: dict[str, int]) -> str:
@@ -291,6 +315,35 @@ def _mean_step(s: Scenario, batch: int, cached_tokens: int) -> StepTime:
         decode_context_tokens=s.decode_context_tokens, mfu=s.mfu, tp=s.tp,
         kv_dtype=s.kv_dtype, weight_dtype=s.weight_dtype, matmul_dtype=s.matmul_dtype,
     )
+
+
+def _reloaded_tokens(s: Scenario, shared_blocks: int) -> int:
+    """Prompt tokens a host tier copies back: the full blocks of the shared prefix and the
+    conversation's returning tokens together, less the shared blocks the GPU pool keeps
+    (``cacheable_blocks``: full blocks only, the prompt's last token always computed)."""
+    if not (s.host_tier and s.prefix_caching and s.returning_tokens):
+        return 0
+    blocks = cacheable_blocks(s.shared_prefix_tokens + s.returning_tokens, s.prompt_tokens,
+                              s.block_size)
+    return (blocks - shared_blocks) * s.block_size
+
+
+def _reload_s_per_request(s: Scenario, reloaded_tokens: int) -> float:
+    """One request's host-tier copy: ``reloaded x KV bytes per token per GPU`` over PCIe 5.0
+    x16 (:mod:`kvlib.tiers.links`; one link per GPU)."""
+    if not reloaded_tokens:
+        return 0.0
+    return reload_s(s.model, reloaded_tokens, get_link("pcie5").bytes_per_s, tp=s.tp,
+                    kv_dtype=s.kv_dtype)
+
+
+def _reload_note(s: Scenario, batch: int, per_request_s: float,
+                 step: StepTime) -> tuple[str, ...]:
+    copy_s = batch / s.output_tokens * per_request_s
+    if copy_s <= step.total_s:
+        return ()
+    return (f"the host tier's copies ({copy_s * 1e3:.2f} ms a step over PCIe) take longer "
+            f"than the step's kernels ({step.total_s * 1e3:.2f} ms): PCIe bounds this row",)
 
 
 def assess(s: Scenario) -> Capacity:
@@ -309,12 +362,13 @@ def assess(s: Scenario) -> Capacity:
     pool = kv_pool(cfg, kv_memory, max_model_len=s.engine_max_len, block_size=s.block_size,
                    kv_dtype=s.kv_dtype, tp=s.tp)
     per_sequence = held_blocks(pool.groups, s.sequence_tokens)
-    shared = 0
-    if s.prefix_caching and s.shared_prefix_tokens:
+    shared, reloaded = 0, 0
+    if s.prefix_caching and (s.shared_prefix_tokens or s.host_tier):
         if len(pool.groups) > 1 or pool.groups[0].spec.cap_tokens is not None:
             notes.append("prefix sharing is modelled for full-attention models only: not applied")
         else:
             shared = cacheable_blocks(s.shared_prefix_tokens, s.prompt_tokens, s.block_size)
+            reloaded = _reloaded_tokens(s, shared)
     seats = seats_with_shared_prefix(pool.num_blocks, per_sequence, shared)
     guaranteed = pool.num_blocks // pool.blocks_per_request
     if seats == 0:
@@ -322,8 +376,9 @@ def assess(s: Scenario) -> Capacity:
             f"not one sequence of {s.sequence_tokens:,} tokens fits the pool of "
             f"{pool.pool_tokens:,} tokens: raise tp, quantize, or shorten the traffic"
         )
-    cached = shared * s.block_size
-    caps = _caps(s, seats, shared)
+    cached = shared * s.block_size + reloaded
+    copy_s = _reload_s_per_request(s, reloaded)
+    caps = _caps(s, seats, cached)
     full_use = min(caps.values())
     wanted = cdiv(s.concurrency, s.replicas)
     batch = min(wanted, full_use)
@@ -347,5 +402,7 @@ def assess(s: Scenario) -> Capacity:
         full_use_batch=full_use,
         full_use_step=full_step,
         request_flops=request_flops(s, cached),
-        notes=tuple(notes),
+        reloaded_tokens=reloaded,
+        reload_s_per_request=copy_s,
+        notes=tuple(notes) + _reload_note(s, batch, copy_s, step),
     )

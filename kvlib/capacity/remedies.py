@@ -16,7 +16,10 @@ tokens/s they reach:
    (``_validate_input``, ``vllm/entrypoints/openai/serving_engine.py`` at commit
    ``7ded96b3c73f``), so audit what clients send first;
 1. **a flag and a check**: prefix caching (lossless, on by default in vLLM v1, for
-   prompts that share their first tokens), scheduler settings (a latency trade),
+   prompts that share their first tokens), a host tier (blocks the full GPU pool evicts
+   kept in host memory and copied back when their conversation returns: where the
+   traffic's prompts repeat a conversation's earlier turns), scheduler settings (a
+   latency trade),
    a higher ``gpu_memory_utilization`` (an out-of-memory check), an fp8 KV cache (an
    accuracy check), fp8 (W8A8) weights (an accuracy check on the whole model);
 2. **more GPUs**: a larger tensor-parallel degree, or another replica;
@@ -114,6 +117,17 @@ def _prefix_caching(s: Scenario) -> Scenario:
     return dataclasses.replace(s, prefix_caching=True)
 
 
+def _host_tier(s: Scenario) -> Scenario:
+    if s.host_tier:
+        raise _NotApplicable("the host tier is already on")
+    if s.returning_tokens < s.block_size:
+        raise _NotApplicable("no conversation returns with a prefix of its own (returning_tokens "
+                             "under one block): the GPU keeps the shared prompt")
+    if any(layer.cap_tokens is not None for layer in s.model.layers):
+        raise _NotApplicable("prefix sharing is modelled for full-attention models only")
+    return dataclasses.replace(s, host_tier=True, prefix_caching=True)
+
+
 def _default_max_tokens(s: Scenario) -> Scenario:
     return s  # the traffic's replies already stop at output_tokens: a guard, no new seat
 
@@ -184,6 +198,11 @@ def _catalogue(alternative: ModelConfig | None) -> list[tuple[str, int, str, str
          "the shared prompt's full blocks are held once and prefilled once",
          "decode reads, unless the attention kernel reads the shared prefix once "
          "(vLLM's cascade attention)", _prefix_caching),
+        ("a host tier (KV offloading to host memory)", 1,
+         "one flag (vLLM's --kv-offloading-size, in GiB of host memory, summed over the TP "
+         "ranks) and host memory for the returning conversations' blocks; prefix caching on",
+         "a returning conversation's own prefix copied back over PCIe instead of prefilled",
+         "the GPU pool's seats, and the decodes' cache reads", _host_tier),
         ("scheduler settings", 1,
          "flags (max_num_seqs, max_num_batched_tokens, chunked prefill); a latency trade",
          "which requests run together, and how prefill chunks share a step with decodes",

@@ -52,6 +52,10 @@ class Scenario:
     kv_dtype: str = "bf16"
     shared_prefix_tokens: int = 0  # a system prompt every request starts with
     prefix_caching: bool = False
+    # Prompt tokens after the shared prefix that an earlier turn of the same conversation
+    # prefilled: gone from a full GPU pool by the time the conversation returns.
+    returning_tokens: int = 0
+    host_tier: bool = False  # evicted blocks kept in host memory, reloaded on a prefix hit
     gpu_memory_utilization: float = VLLM_GPU_MEMORY_UTILIZATION  # x CUDA's total
     runtime_bytes_per_gpu: int = 2 * GiB  # activations, CUDA graphs, context: assumed
     block_size: int = 16
@@ -94,6 +98,7 @@ def check_scenario(s: Scenario) -> None:
                  "tp", "replicas", "block_size", "max_num_seqs", "max_num_batched_tokens"):
         require_int(getattr(s, name), name, 1)
     require_int(s.shared_prefix_tokens, "shared_prefix_tokens")
+    require_int(s.returning_tokens, "returning_tokens")
     require_int(s.runtime_bytes_per_gpu, "runtime_bytes_per_gpu")
     require_fraction(s.gpu_memory_utilization, "gpu_memory_utilization")
     require_fraction(s.mfu, "mfu")
@@ -129,6 +134,17 @@ def check_scenario(s: Scenario) -> None:
         raise ScenarioError(
             f"shared_prefix_tokens ({s.shared_prefix_tokens:,}) exceeds prompt_tokens "
             f"({s.prompt_tokens:,}): the shared prefix is part of the prompt"
+        )
+    if s.shared_prefix_tokens + s.returning_tokens > s.prompt_tokens:
+        raise ScenarioError(
+            f"shared_prefix_tokens + returning_tokens ({s.shared_prefix_tokens:,} + "
+            f"{s.returning_tokens:,}) exceeds prompt_tokens ({s.prompt_tokens:,}): both are "
+            "parts of the prompt"
+        )
+    if s.host_tier and not s.prefix_caching:
+        raise ScenarioError(
+            "host_tier needs prefix_caching: a host tier finds a returning prefix by its "
+            "blocks' prefix hashes (set prefix_caching=True)"
         )
     tp_error = bounds_tp_error(s.model, s.tp)
     if tp_error:

@@ -315,6 +315,21 @@ def test_built_html_names_no_cdn(built_site: Path) -> None:
     assert list((mathjax_dir / "output" / "chtml" / "fonts" / "woff-v2").glob("*.woff"))
 
 
+def test_every_sidebar_toggle_has_a_name(built_site: Path) -> None:
+    """The theme's section toggles hold only an icon: the build names each after its
+    chapter, so a screen reader has something to announce (axe-core's summary-name)."""
+    unnamed, named = [], 0
+    for path in built_site.rglob("*.html"):
+        if path.relative_to(built_site).parts[0] == "lite":
+            continue
+        text = path.read_text(encoding="utf-8")
+        icon_only = text.count('<summary><span class="toctree-toggle"')
+        unnamed += [f"{path.relative_to(built_site)}"] * icon_only
+        named += len(re.findall(r'<summary aria-label="[^"]+: show or hide its sections">',
+                                text))
+    assert unnamed == [] and named > 0, unnamed[:10]
+
+
 # A tiny book built with the same script and configuration: a clean page must build;
 # a failing cell, a broken cross-reference or a cell writing to stderr (a warning
 # printed by library code) must make the script exit non-zero.

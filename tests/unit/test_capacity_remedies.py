@@ -35,8 +35,8 @@ from kvlib.weights.params import weight_bytes
 
 LLAMA8 = load_config("Llama-3.1-8B")
 H100 = get_gpu("H100-SXM")
-TIER_ONE = ["prefix caching", "scheduler settings", "gpu_memory_utilization 0.95",
-            "fp8 KV cache", "fp8 weights (W8A8)"]
+TIER_ONE = ["prefix caching", "a host tier (KV offloading to host memory)", "scheduler settings",
+            "gpu_memory_utilization 0.95", "fp8 KV cache", "fp8 weights (W8A8)"]
 
 
 def rag(**changes: object) -> Scenario:
@@ -101,6 +101,50 @@ def test_prefix_caching_holds_the_shared_prompt_once() -> None:
     assert effect.after.step_bytes_per_gpu >= effect.before.step_bytes_per_gpu  # more read
 
 
+def test_a_host_tier_applies_only_where_conversations_return() -> None:
+    reason = dict(rank_remedies(document_assistant()).skipped)
+    assert reason["a host tier (KV offloading to host memory)"].startswith(
+        "no conversation returns with a prefix of its own")
+    with pytest.raises(ScenarioError, match="returning_tokens"):
+        assess(rag(returning_tokens=4_001))  # 2,000 shared + 4,001 > the 6,000-token prompt
+    with pytest.raises(ScenarioError, match="prefix_caching=True"):
+        assess(rag(returning_tokens=1_000, host_tier=True))
+
+
+def test_a_host_tier_copies_back_the_returning_blocks_instead_of_prefilling_them() -> None:
+    """Prefix caching keeps the shared prompt's 125 blocks on the GPU; the host tier copies
+    back the conversation's own 1,500 tokens with them, in full blocks (3,500 // 16 = 218
+    blocks: 3,488 tokens in all), holds no GPU block, and each copy runs over PCIe 5.0 x16
+    (32 GT/s x 16 lanes x 128/130 / 8 bits: PCI-SIG's base specification 5.0)."""
+    s = rag(returning_tokens=1_500)
+    effects = by_name(s)
+    tier, caching = effects["a host tier"].after, effects["prefix caching"].after
+    assert tier.cached_tokens == 3_500 // 16 * 16 == 3_488
+    assert tier.reloaded_tokens == 3_488 - caching.cached_tokens == 3_488 - 2_000 // 16 * 16
+    assert tier.block_seats == caching.block_seats  # host memory holds it, not the pool
+    assert tier.tokens_per_s > caching.tokens_per_s
+    assert tier.step.prefill_tokens < caching.step.prefill_tokens
+    pcie5 = 32e9 * 16 * 128 / 130 / 8
+    per_request = kv_bytes_per_gpu(LLAMA8, tier.reloaded_tokens, "bf16", 1) / pcie5
+    assert tier.reload_s_per_step == pytest.approx(tier.batch / s.output_tokens * per_request)
+    assert tier.reload_s_per_step < tier.step_s and tier.notes == ()
+
+
+def test_a_host_tier_slower_than_the_step_is_bound_by_pcie() -> None:
+    """Prompts that are almost all a returning conversation, replies of 4 tokens: a
+    quarter of the batch starts each step, each copying 5,984 tokens (784 MB) over PCIe,
+    longer than the step's kernels: the step waits for the copies."""
+    s = Scenario(model=LLAMA8, gpu=H100, prompt_tokens=6_000, output_tokens=4,
+                 concurrency=128, needed_context_tokens=8_192, returning_tokens=5_990,
+                 prefix_caching=True, host_tier=True)
+    cap = assess(s)
+    assert cap.reloaded_tokens == 5_984
+    assert cap.reload_s_per_step > cap.step.total_s
+    assert cap.bound_by == "PCIe" and cap.step_s == cap.reload_s_per_step
+    assert cap.tokens_per_s == pytest.approx(cap.batch / cap.reload_s_per_step)
+    assert any("PCIe bounds this row" in note for note in cap.notes)
+
+
 def test_scheduler_settings_add_no_memory() -> None:
     effect = by_name(rag())["scheduler settings"]
     assert effect.after.pool == effect.before.pool
@@ -158,18 +202,20 @@ MODELS = [m for m in bundled_models() if m not in ("DeepSeek-V3", "DeepSeek-V2")
     output=st.integers(16, 2_000),
     concurrency=st.integers(1, 512),
     shared=st.floats(0, 1),
+    returning=st.floats(0, 1),
     alternative=st.sampled_from([None, "gpt-oss-20b", "Falcon-7B", "Mistral-7B-v0.1"]),
 )
 def test_ranking_is_by_cost_tier_then_the_catalogue(
     model: str, gpu: str, prompt: int, output: int, concurrency: int, shared: float,
-    alternative: str | None,
+    returning: float, alternative: str | None,
 ) -> None:
     cfg = load_config(model)
     limit = cfg.max_position_embeddings or 2_048
     assume(prompt + output <= limit)
     s = Scenario(model=cfg, gpu=get_gpu(gpu), prompt_tokens=prompt, output_tokens=output,
                  concurrency=concurrency, needed_context_tokens=prompt + output,
-                 shared_prefix_tokens=int(prompt * shared))
+                 shared_prefix_tokens=int(prompt * shared),
+                 returning_tokens=int((prompt - int(prompt * shared)) * returning))
     try:
         ranking = rank_remedies(s, None if alternative is None else load_config(alternative))
     except ScenarioError:
@@ -190,7 +236,7 @@ def test_ranking_is_by_cost_tier_then_the_catalogue(
         if e.tier < 2:
             assert e.after.scenario.gpus == s.gpus  # nothing but the top tiers rents GPUs
     names = [e.name for e in effects] + [name for name, _ in ranking.skipped]
-    assert len(names) == len(set(names)) == 9 + (alternative is not None)
+    assert len(names) == len(set(names)) == 10 + (alternative is not None)
 
 
 def rows(bundled: BundledScenario, mfu: float | None = None) -> list[Capacity]:
@@ -249,8 +295,8 @@ def test_within_a_tier_cost_ranks_not_speed() -> None:
     """Prefix caching (lossless, on by default) comes before an fp8 KV cache (an accuracy
     check) although fp8 is faster here."""
     effects = [e for e in rank_remedies(document_assistant()).remedies if e.tier == 1]
-    assert [e.name for e in effects] == TIER_ONE
-    prefix, fp8 = (next(e for e in effects if e.name == n) for n in TIER_ONE[::3])
+    assert [e.name for e in effects] == [n for n in TIER_ONE if not n.startswith("a host")]
+    prefix, fp8 = (next(e for e in effects if e.name == n) for n in TIER_ONE[::4])
     assert prefix.after.tokens_per_s < fp8.after.tokens_per_s
 
 
