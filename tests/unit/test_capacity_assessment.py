@@ -11,6 +11,7 @@ import re
 from itertools import count
 
 import pytest
+from capacity_support import H100, LLAMA8, rag
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -32,7 +33,6 @@ from kvlib.capacity.assessment import (
 )
 from kvlib.capacity.scenario import Scenario, ScenarioError
 from kvlib.config import load_config
-from kvlib.hardware import get_gpu
 from kvlib.mla import MLAShape, mla_step_cost
 from kvlib.paging.block_pool import OutOfBlocksError
 from kvlib.paging.table import PagedKVCache
@@ -40,24 +40,8 @@ from kvlib.paging.vllm_pool import blocks_per_request, kv_cache_groups, kv_pool
 from kvlib.sizing import seats_for_context
 from kvlib.units import GiB
 
-LLAMA8 = load_config("Llama-3.1-8B")
 LLAMA70 = load_config("Llama-3.1-70B")
-H100 = get_gpu("H100-SXM")
 BYTES = {"bf16": 2, "fp8": 1}
-
-
-def rag(**changes: object) -> Scenario:
-    """Llama-3.1-8B on one H100: 6,000-token prompts (2,000 shared), 500-token replies."""
-    base = Scenario(
-        model=LLAMA8,
-        gpu=H100,
-        prompt_tokens=6_000,
-        output_tokens=500,
-        concurrency=128,
-        needed_context_tokens=8_192,
-        shared_prefix_tokens=2_000,
-    )
-    return dataclasses.replace(base, **changes)  # type: ignore[arg-type]
 
 
 def kv_memory(s: Scenario) -> int:

@@ -8,6 +8,7 @@ import dataclasses
 import math
 
 import pytest
+from capacity_support import H100, LLAMA8, rag
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
@@ -33,23 +34,8 @@ from kvlib.paging.vllm_pool import kv_pool
 from kvlib.sizing import seats_for_context
 from kvlib.weights.params import weight_bytes
 
-LLAMA8 = load_config("Llama-3.1-8B")
-H100 = get_gpu("H100-SXM")
 TIER_ONE = ["prefix caching", "a host tier (KV offloading to host memory)", "scheduler settings",
             "gpu_memory_utilization 0.95", "fp8 KV cache", "fp8 weights (W8A8)"]
-
-
-def rag(**changes: object) -> Scenario:
-    base = Scenario(
-        model=LLAMA8,
-        gpu=H100,
-        prompt_tokens=6_000,
-        output_tokens=496,
-        concurrency=128,
-        needed_context_tokens=8_192,
-        shared_prefix_tokens=2_000,
-    )
-    return dataclasses.replace(base, **changes)  # type: ignore[arg-type]
 
 
 def by_name(scenario: Scenario, alternative: str | None = None) -> dict[str, RemedyEffect]:
@@ -95,7 +81,7 @@ def test_fp8_seats_against_sizing_and_vllms_pool() -> None:
 def test_prefix_caching_holds_the_shared_prompt_once() -> None:
     effect = by_name(rag())["prefix caching"]
     blocks = effect.after.pool.num_blocks
-    shared, own = 2_000 // 16, 406 - 2_000 // 16
+    shared, own = 2_000 // 16, -(-6_500 // 16) - 2_000 // 16  # 407 blocks, 125 shared
     assert effect.after.shared_blocks == shared
     assert effect.after.block_seats == (blocks - shared) // own
     assert effect.after.step_bytes_per_gpu >= effect.before.step_bytes_per_gpu  # more read
