@@ -254,6 +254,18 @@ def assert_solved_with_distinct_mistakes(
     return results
 
 
+@functools.cache
+def llama_like(layers: int, heads: int, kv_heads: int, head_dim: int) -> Any:
+    """A Llama-shaped config from the four fields a challenge draws (the independent
+    computations of the chapter 7 and 8 sweeps size it with kvlib)."""
+    from kvlib.config import load_config
+
+    return load_config({"model_type": "llama", "num_hidden_layers": layers,
+                        "num_attention_heads": heads, "num_key_value_heads": kv_heads,
+                        "head_dim": head_dim, "hidden_size": heads * head_dim,
+                        "vocab_size": 32_000, "max_position_embeddings": 131_072})
+
+
 def quoted_numbers(hint: str) -> list[float]:
     """The numbers in ``hint`` as a learner reads them: "1,024" is 1024; not the "16" of
     fp16, nor the 20 of 2^20."""

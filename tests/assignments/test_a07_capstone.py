@@ -11,7 +11,6 @@ by a recorder, so the right value and the mistakes are the hidden test's own.
 
 from __future__ import annotations
 
-import functools
 from typing import Any
 
 import pytest
@@ -60,12 +59,7 @@ def test_the_prompt_draws_the_numbers_the_hidden_test_draws() -> None:
     sweep.assert_prompts_draw_as_hidden_tests(NOTEBOOK)
 
 
-@functools.cache
-def _config(layers: int, heads: int, kv_heads: int, head_dim: int) -> Any:
-    return load_config({"model_type": "llama", "num_hidden_layers": layers,
-                        "num_attention_heads": heads, "num_key_value_heads": kv_heads,
-                        "head_dim": head_dim, "hidden_size": heads * head_dim,
-                        "vocab_size": 32_000, "max_position_embeddings": 131_072})
+_config = sweep.llama_like
 
 
 def test_seats_freed_is_the_change_in_vllms_maximum_concurrency() -> None:

@@ -12,14 +12,12 @@ test's own.
 
 from __future__ import annotations
 
-import functools
 from typing import Any
 
 import pytest
 
 from assignments import sweep
 from kvlib.bounds import kv_bytes_per_gpu, prefill_attention_flops
-from kvlib.config import load_config
 from kvlib.hardware import get_gpu
 from kvlib.step import StepTime, decode_attention_flops, step_time_from_counts
 from kvlib.tiers.handoff import InstanceRatio, handoff, transfer_s
@@ -49,12 +47,7 @@ def test_the_prompt_draws_the_numbers_the_hidden_test_draws() -> None:
     sweep.assert_prompts_draw_as_hidden_tests(NOTEBOOK)
 
 
-@functools.cache
-def _config(layers: int, heads: int, kv_heads: int, head_dim: int) -> Any:
-    return load_config({"model_type": "llama", "num_hidden_layers": layers,
-                        "num_attention_heads": heads, "num_key_value_heads": kv_heads,
-                        "head_dim": head_dim, "hidden_size": heads * head_dim,
-                        "vocab_size": 32_000, "max_position_embeddings": 131_072})
+_config = sweep.llama_like
 
 
 def _links(grade_id: str) -> list[tuple[Any, ...]]:
