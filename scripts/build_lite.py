@@ -5,7 +5,7 @@ constraints.txt) is JupyterLab without a server: the kernel is Pyodide in a web 
 files live in the browser's storage. Its kernel would load Pyodide and its packages
 from a CDN and PyPI; this build serves every file from the site instead:
 
-1. The contents: the seven notebooks of ``exercises/`` (``NN_slug/name.ipynb``).
+1. The contents: the notebooks of ``exercises/`` (``NN_slug/name.ipynb``).
 2. Pyodide: the same core the calculator page uses (``_vendor/pyodide``, the npm package
    pinned in package-lock.json), copied to ``lite/static/pyodide``.
 3. The kernel's Python packages: the wheels of ``lite/kernel-wheels.txt`` (versions
@@ -20,10 +20,18 @@ from a CDN and PyPI; this build serves every file from the site instead:
    that need numpy or torch), the browser's "Check your work" (``course.selfcheck``
    with ``course.hidden``, run on the assignment data of ``solutions/``, hidden tests
    included: readable in the site, as they are in the repository's ``solutions/``). Both are in
-   the lock and loaded when the kernel starts. ``lite/student-id.js`` asks the
-   learner's id once and keeps it in the browser's file storage.
+   the lock and loaded when the kernel starts.
 5. ``jupyter-lite.json``: the kernel reads the local ``pyodide.mjs``, never falls back
    to PyPI, loads kvlib at start and runs ``kvlib_lite``'s start-up file.
+6. The exercise page's own parts (``lite/``, added to ``lab/index.html``): a loading view
+   on screen from the first paint that says what is loading and fetches the kernel's
+   files (``preload.json``) while JupyterLab starts (``loading.html``, ``loading.js``);
+   the student id asked in a dialog of the page and kept in the browser's file storage
+   (``student-id.js``); a link opening its notebook and only it (``open-only.js``); old
+   check results marked as old (``old-results.js``); the names and roles JupyterLab's
+   notebook leaves out for screen readers (``a11y.js``). Each notebook's kernel metadata is
+   written as the Pyodide kernel reports it, so that starting the kernel does not
+   change the notebook (no unsaved mark at open).
 
 The result is cached in ``_build/lite/site`` and rebuilt only when an input changed
 (:func:`fingerprint`). ``python scripts/build_lite.py [OUTPUT] [--exercises DIR]`` builds it alone.
@@ -65,7 +73,15 @@ PIPLITE_ONLY = frozenset({"comm"})
 PRELOAD = ("micropip", "piplite", "ipykernel", "comm", "pyodide-kernel", "jedi", "ipython",
            "kvlib", "kvlib-lite")
 APPS = ("lab",)
-ID_SCRIPT = LITE_SOURCE / "student-id.js"  # asks the learner's id once (see the file)
+PAGE_DIR = "static/kvlib"  # the page's own files, inside the lite site
+PAGE_STYLE = "page.css"
+# Run as soon as read, before JupyterLab starts (see the file).
+FIRST_SCRIPT = "open-only.js"
+START_APP = "await import("  # how JupyterLite's lab/index.html starts the app
+# Run once the page is parsed, in this order (each file says what it does).
+PAGE_SCRIPTS = ("loading.js", "student-id.js", "old-results.js", "a11y.js")
+LOADING_VIEW = LITE_SOURCE / "loading.html"  # shown from the first paint
+PRELOAD_FILE = "preload.json"  # the kernel's files, fetched by loading.js
 FINGERPRINT = ".fingerprint"
 # Addresses a JupyterLite build must not name: the kernel's default Pyodide and PyPI.
 REMOTE = re.compile(r"https?://(?!127\.0\.0\.1|localhost)[\w.-]+\.[a-z]{2,}/", re.IGNORECASE)
@@ -257,18 +273,92 @@ def _extension_dir() -> Path:
     return path
 
 
-def add_id_script(site: Path) -> None:
-    """Serve student-id.js and load it from each app's page (JupyterLab's)."""
-    target = site / "static" / "kvlib" / ID_SCRIPT.name
-    target.parent.mkdir(parents=True, exist_ok=True)
-    shutil.copyfile(ID_SCRIPT, target)
+def preload_list(site: Path, lock: Path) -> list[dict[str, Any]]:
+    """The files the kernel's worker fetches, in the order it needs them, with their
+    sizes: Pyodide's core, its lock, then every package of the lock (all are loaded at
+    start, :data:`PRELOAD`). Addresses relative to the page's folder (:data:`PAGE_DIR`)."""
+    pyodide = site / PYODIDE_SUBDIR
+    names = [*PYODIDE_CORE, lock.name]
+    packages = json.loads(lock.read_text(encoding="utf-8"))["packages"]
+    names += sorted((entry["file_name"] for entry in packages.values()),
+                    key=lambda name: -(pyodide / name).stat().st_size)
+    prefix = Path(PYODIDE_SUBDIR).relative_to(Path(PAGE_DIR).parent).as_posix()
+    return [{"url": f"../{prefix}/{name}", "bytes": (pyodide / name).stat().st_size}
+            for name in names]
+
+
+def add_page_parts(site: Path, preload: list[dict[str, Any]]) -> None:
+    """Serve the page's own files and add them to each app's page (JupyterLab's): the
+    style sheet and the first script right after ``<head>``, the loading view right
+    after ``<body ...>``, the other scripts deferred."""
+    folder = site / PAGE_DIR
+    folder.mkdir(parents=True, exist_ok=True)
+    for name in (PAGE_STYLE, FIRST_SCRIPT, *PAGE_SCRIPTS):
+        shutil.copyfile(LITE_SOURCE / name, folder / name)
+    (folder / PRELOAD_FILE).write_text(json.dumps(preload, indent=1), encoding="utf-8")
+    download_mib = sum(item["bytes"] for item in preload) / 2**20
+    view = LOADING_VIEW.read_text(encoding="utf-8").replace(
+        "{download_mib}", f"{download_mib:.0f}")
+    href = f"../{PAGE_DIR}"
+    head = "".join([
+        f'<head>\n<link rel="stylesheet" href="{href}/{PAGE_STYLE}">\n',
+        f'<script src="{href}/{FIRST_SCRIPT}"></script>\n',
+        *(f'<script defer src="{href}/{name}"></script>\n' for name in PAGE_SCRIPTS),
+    ])
     for app in APPS:
         page = site / app / "index.html"
         html = page.read_text(encoding="utf-8")
-        tag = f'<script src="../static/kvlib/{ID_SCRIPT.name}"></script>\n</head>'
-        if html.count("</head>") != 1:
-            raise LiteBuildError(f"{page}: expected one </head> to add the student-id script")
-        page.write_text(html.replace("</head>", tag), encoding="utf-8")
+        body = re.search(r"<body[^>]*>", html)
+        if html.count("<head>") != 1 or body is None:
+            raise LiteBuildError(f"{page}: expected one <head> and a <body> to add the "
+                                 "page's loading view and scripts")
+        html = html[:body.end()] + "\n" + view + html[body.end():]
+        # The page's language, for screen readers (JupyterLite's page names none).
+        html = re.sub(r"<html(?![^>]*\blang=)", '<html lang="en"', html, count=1)
+        # JupyterLite's page starts the app with one dynamic import: it waits for
+        # open-only.js first (see the file).
+        if html.count(START_APP) != 1:
+            raise LiteBuildError(f"{page}: expected one {START_APP.strip()!r} to make the "
+                                 "app's start wait for open-only.js")
+        html = html.replace(START_APP, f"await window.kvlibOpenOnly;\n        {START_APP}")
+        page.write_text(html.replace("<head>", head), encoding="utf-8")
+
+
+# The kernel's metadata as the Pyodide kernel extension reports it (its kernelspec, and
+# its kernel_info reply's language_info): JupyterLab writes both into a notebook when its
+# kernel starts, and a notebook that held other values is then modified before any edit.
+KERNEL_SPEC = re.compile(r'spec:\{(name:"[^"]+",display_name:"[^"]+",language:"[^"]+")')
+LANGUAGE_INFO = re.compile(r"language_info:(\{codemirror_mode:\{[^{}]*\}[^{}]*\})")
+
+
+def _js_object(literal: str) -> dict[str, Any]:
+    """A flat JavaScript object literal of strings and numbers as a dict."""
+    value: dict[str, Any] = json.loads(re.sub(r"([{,])(\w+):", r'\1"\2":', literal))
+    return value
+
+
+def kernel_metadata() -> dict[str, Any]:
+    """``kernelspec`` and ``language_info`` as the site's kernel sets them."""
+    found: dict[str, Any] = {}
+    for path in sorted((_extension_dir() / "static").glob("*.js")):
+        text = path.read_text(encoding="utf-8")
+        if (spec := KERNEL_SPEC.search(text)) and "kernelspec" not in found:
+            found["kernelspec"] = _js_object("{" + spec.group(1) + "}")
+        if (info := LANGUAGE_INFO.search(text)) and "language_info" not in found:
+            found["language_info"] = _js_object(info.group(1))
+    if set(found) != {"kernelspec", "language_info"}:
+        raise LiteBuildError("the Pyodide kernel extension no longer names its kernelspec "
+                             "and language_info where build_lite.py looks for them: check "
+                             "the extension's version")
+    return found
+
+
+def copy_notebook(source: Path, target: Path, metadata: dict[str, Any]) -> None:
+    """Copy a released notebook, its kernel metadata the site's kernel's."""
+    nb = json.loads(source.read_text(encoding="utf-8"))
+    nb["metadata"] = {**nb.get("metadata", {}), **metadata}
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_text(json.dumps(nb, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
 
 
 # The kernel extension falls back to Pyodide on a CDN when the settings name no
@@ -350,10 +440,9 @@ def _build_locked(output: Path, pyodide_dir: Path, exercises: Path) -> None:
 def _build_site(tmp: Path, wheels: dict[str, Path], extra: dict[str, Path],
                 pyodide_dir: Path, python: str, exercises: Path) -> None:
     contents = tmp / "contents"
+    metadata = kernel_metadata()
     for notebook in sorted(exercises.glob("*/*.ipynb")):
-        target = contents / notebook.parent.name / notebook.name
-        target.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(notebook, target)
+        copy_notebook(notebook, contents / notebook.parent.name / notebook.name, metadata)
     if not contents.is_dir():
         raise LiteBuildError("exercises/ has no notebooks: run `make release` first")
     site = tmp / "site"
@@ -395,7 +484,7 @@ def _build_site(tmp: Path, wheels: dict[str, Path], extra: dict[str, Path],
         shutil.copyfile(path, pyodide / path.name)
     write_lock(pyodide_dir / "pyodide-lock.json", served, packages,
                pyodide / "pyodide-lock.json")
-    add_id_script(site)
+    add_page_parts(site, preload_list(site, pyodide / "pyodide-lock.json"))
     if not localise_fallbacks(site):
         raise LiteBuildError("the Pyodide kernel no longer names its CDN fallback where "
                              "build_lite.py looks for it: check the extension's version")

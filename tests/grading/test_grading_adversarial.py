@@ -71,6 +71,9 @@ SPREAD = (
 )
 STREAM = "import time\nwhile True:\n    print('x' * 10_000)\n    time.sleep(0.001)"
 FORK_BOMB = "import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass"
+# The released seats cell sets ``seats = ...``; these attacks set seats in an earlier cell,
+# so their seats cell keeps nothing that would overwrite it.
+KEPT = "pass  # seats was set in the first answer cell"
 ALWAYS_EQUAL = """
 class Anything:
     def __eq__(self, other):
@@ -229,15 +232,18 @@ def _students() -> dict[str, Student]:
         "deleted_tests": Student(RIGHT, TOTAL, "was deleted: restored"),
         "duplicated_cell": Student(RIGHT, TOTAL, "appeared 2 times"),
         "always_equal": Student(
-            {"answer_bytes_per_token": ALWAYS_EQUAL}, 0.0, "", ("seats", "Anything")
+            {"answer_bytes_per_token": ALWAYS_EQUAL, "answer_seats": KEPT}, 0.0, "",
+            ("seats", "Anything")
         ),
         "numeric_subclass": Student(
-            {"answer_bytes_per_token": SUBCLASS}, 0.0, "", ("seats", "Sly")
+            {"answer_bytes_per_token": SUBCLASS, "answer_seats": KEPT}, 0.0, "",
+            ("seats", "Sly")
         ),
         # A kernel can lie about its values (here repr and type are patched), but never
         # learns the right ones: the grader's own copy of the checks is untouched.
         "monkeypatch": Student(
-            {"answer_bytes_per_token": MONKEYPATCH}, 0.0, "", ("seats", "seats")
+            {"answer_bytes_per_token": MONKEYPATCH, "answer_seats": KEPT}, 0.0, "",
+            ("seats", "seats")
         ),
         "snoop": Student({"answer_bytes_per_token": SNOOP}, 0.0),
         "symlinked_solution": Student(RIGHT, TOTAL, "link or special file"),

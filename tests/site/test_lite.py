@@ -8,12 +8,15 @@ and chapter 5's notebook run end to end in headless Chromium, offline.
    seconds, a percentage for a share, all requests admitted).
 2. The built lite site (scripts/build_lite.py) in Chromium, every host but 127.0.0.1
    unresolvable and every request recorded: open ``05_rate_limiting``, answer the
-   student-id question, fill in the solutions' answers, save, run all; the draws are
+   student-id question, run all on the notebook as released (it must reach the end:
+   every challenge's numbers printed, each check saying it is not answered), fill in
+   the solutions' answers, save, run all; the draws are
    the given student's, the check cell prints the full score; then one wrong answer
    (milliseconds), saved, and the check cell run again names that mistake. The
    browser's report must equal the one ``kvlib_lite.check`` gives in CPython for the
-   notebook the browser saved. After a reload the edited notebook and the id are still
-   there, and the id is not asked again.
+   notebook the browser saved. The student id is asked in the page (no browser
+   prompt). After a reload the edited notebook and the id are still there, and the id
+   is not asked again.
 """
 
 from __future__ import annotations
@@ -163,20 +166,25 @@ def test_exercise_runs_in_the_browser_offline() -> None:
     data = check.assignment_data(ROOT)
     first_numbers = next(g for g in data[ASSIGNMENT]["rate_limiting"]["cells"]
                          if g.startswith("numbers_"))
-    asked: list[str] = []
+    native: list[str] = []
     with bench_lite.browser_page(site) as (page, base, recorder):
         def answer(dialog: Any) -> None:
-            if dialog.type != "prompt":  # "leave the page?" on reload (unsaved outputs)
-                dialog.accept()
-                return
-            asked.append(dialog.message)
-            dialog.accept(STUDENT)
+            if dialog.type != "beforeunload":  # "leave the page?" on reload (unsaved outputs)
+                native.append(dialog.type)  # none expected: the id is asked in the page
+            dialog.accept()
 
         page.on("dialog", answer)
-        bench_lite.open_notebook(page, base, f"{ASSIGNMENT}/rate_limiting.ipynb")
+        page.goto(f"{base}lab/index.html?path={ASSIGNMENT}/rate_limiting.ipynb")
+        asked = bench_lite.answer_student_id(page, STUDENT)
+        page.wait_for_function(bench_lite.KERNEL_IDLE, timeout=bench_lite.WAIT_MS)
+        # Run All on the notebook as released: it stops nowhere, every challenge prints its
+        # numbers and its check says it is not answered yet; the check grades it 0.
+        bench_lite.save_and_run_all(page)
+        bench_lite.output_of(page, "self_check", r": 0 / \d+ points")
+        blank = {gid: out for gid, _, out in bench_lite.cells(page)}
         bench_lite.set_sources(page, answers)
         bench_lite.save_and_run_all(page)
-        report = bench_lite.output_of(page, "self_check", r"points")
+        report = bench_lite.output_of(page, "self_check", r": (\d+) / \1 points")
         drawn = next(out for gid, _, out in bench_lite.cells(page) if gid == first_numbers)
         saved_right = page.evaluate(
             "async (p) => (await window.jupyterapp.serviceManager.contents.get(p, "
@@ -192,6 +200,8 @@ def test_exercise_runs_in_the_browser_offline() -> None:
         page.reload()
         page.wait_for_function(bench_lite.KERNEL_IDLE, timeout=bench_lite.WAIT_MS)
         kept = {gid: src for gid, src, _ in bench_lite.cells(page)}["answer_p95_wait_s"]
+        shown_id = page.locator("#kvlib-id-button").get_attribute("data-student-id")
+        asked_again = page.locator("#kvlib-id-dialog[open]").count()
         stored_id = page.evaluate(
             "async () => (await window.jupyterapp.serviceManager.contents.get("
             "'kvlib_student_id.txt', {content: true})).content"
@@ -199,8 +209,15 @@ def test_exercise_runs_in_the_browser_offline() -> None:
         remote = recorder.remote()
 
     assert remote == [], f"requests left the site: {remote}"
-    assert len(asked) == 1 and "student id" in asked[0]
+    challenges = [g[len("answer_"):] for g in answers]
+    for challenge in challenges:
+        assert blank[f"numbers_{challenge}"].strip(), challenge
+        assert "is not answered yet" in blank[f"check_{challenge}"], challenge
+    assert native == []
+    # The in-page question says what the id is for and how to change it later.
+    assert "numbers" in asked and "change it later" in asked
     assert stored_id.strip() == STUDENT
+    assert shown_id == STUDENT and asked_again == 0
     assert kept == wrong_answers()["answer_p95_wait_s"]
     # The numbers were drawn for the id given, which draws other numbers than the default.
     assert drawn.strip() == _numbers_output(STUDENT).strip()

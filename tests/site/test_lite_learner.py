@@ -11,6 +11,13 @@ lite site (scripts/build_lite.py), offline, every request recorded.
    it is the current one (here the saved answers score more than the old result).
 5. A link to another chapter's notebook opens that notebook and only it; a reload then
    restores it (the workspace still works).
+
+And axe-core (the npm package pinned in package.json) finds no critical or serious
+violation in the page's own parts (the loading view, the id dialog and button), nor in
+the whole page once the notebook is open (lite/a11y.js names what JupyterLab leaves
+unnamed), but one: JupyterLab's toolkit puts ``aria-pressed`` on the host element of
+its ``jp-button`` (the file browser's toolbar), a rule of its own that the page leaves
+alone (the attribute carries the filter toggle's state to its inner button).
 """
 
 from __future__ import annotations
@@ -43,6 +50,21 @@ new MutationObserver(() => {
 """
 DIRTY = "() => window.jupyterapp.shell.currentWidget.context.model.dirty"
 SAVED = "() => !window.jupyterapp.shell.currentWidget.context.model.dirty"
+AXE = ROOT / "node_modules" / "axe-core" / "axe.min.js"  # npm ci (make book) installs it
+# Violations axe-core finds in ``include`` (CSS selectors; None: the whole page), as
+# [impact, rule id, how many elements].
+AXE_RUN = """async (include) => {
+  const parts = include && include.filter(selector => document.querySelector(selector));
+  const found = await axe.run(parts ? {include: parts} : document, {resultTypes: ['violations']});
+  return found.violations.map(v => [v.impact, v.id, v.nodes.length]);
+}"""
+PAGE_PARTS = ["#kvlib-loading", "#kvlib-id-dialog", "#kvlib-id-button"]
+AXE_ELEMENTS = """async () => {
+  const found = await axe.run(document, {resultTypes: ['violations']});
+  return found.violations.flatMap(v => v.nodes.map(n => [v.impact, v.id, n.html.slice(0, 80)]));
+}"""
+# JupyterLab's toolkit's own (see the module's docstring): the one violation left.
+TOOLKIT_ARIA_PRESSED = ("aria-allowed-attr", "<jp-button ")
 OPEN_TABS = ("() => Array.from(window.jupyterapp.shell.widgets('main'))"
              ".filter(w => w.context).map(w => w.context.path)")
 
@@ -134,3 +156,38 @@ def test_a_learner_session_in_the_browser() -> None:
     # 5. The link's notebook only, and a reload restores it.
     assert tabs_after_link == [OTHER]
     assert tabs_after_reload == [OTHER]
+
+
+def _serious(violations: list[list[Any]]) -> list[list[Any]]:
+    return [v for v in violations if v[0] in ("critical", "serious")]
+
+
+@pytest.mark.site
+def test_the_page_s_own_parts_pass_axe() -> None:
+    import bench_lite
+    import build_lite
+
+    assert AXE.is_file(), f"{AXE} is missing: run `make book` (npm ci installs axe-core)"
+    site = build_lite.build()
+    with bench_lite.browser_page(site) as (page, base, _):
+        page.goto(f"{base}lab/index.html?path={NOTEBOOK}", wait_until="commit")
+        page.locator("#kvlib-loading").wait_for(state="visible", timeout=bench_lite.WAIT_MS)
+        page.add_script_tag(path=str(AXE))
+        # The whole page as first painted: the loading view alone.
+        at_first_paint = page.evaluate(AXE_RUN, None)
+        page.locator("#kvlib-id-dialog[open]").wait_for(timeout=bench_lite.WAIT_MS)
+        with_dialog = page.evaluate(AXE_RUN, PAGE_PARTS)
+        bench_lite.answer_student_id(page, STUDENT)
+        with_button = page.evaluate(AXE_RUN, PAGE_PARTS[1:])
+        page.wait_for_function(bench_lite.KERNEL_IDLE, timeout=bench_lite.WAIT_MS)
+        page.wait_for_function("() => !document.getElementById('kvlib-loading')",
+                               timeout=bench_lite.WAIT_MS)
+        whole_page = page.evaluate(AXE_ELEMENTS)
+
+    assert _serious(at_first_paint) == [], at_first_paint
+    assert _serious(with_dialog) == [], with_dialog
+    assert _serious(with_button) == [], with_button
+    left = [v for v in _serious(whole_page)
+            if (v[1], v[2][:len(TOOLKIT_ARIA_PRESSED[1])]) != TOOLKIT_ARIA_PRESSED]
+    assert left == [], left
+    assert len(whole_page) > len(left)  # the one left alone is there: axe ran on the page
