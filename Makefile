@@ -53,12 +53,12 @@ release: $(STAMP)
 .PHONY: grade
 grade: $(STAMP) grading-deps
 	@test -n "$(ASSIGNMENT)" || { echo "usage: make grade ASSIGNMENT=01_kv_cache"; exit 2; }
-	$(PY) -m course.batch "$(ASSIGNMENT)" $(if $(FORCE),--force) $(if $(JOBS),--jobs $(JOBS)) $(if $(SCHEDULER),--scheduler $(SCHEDULER)) $(if $(WAIT),--wait) $(if $(STUDENT),--student $(STUDENT))
+	$(PY) -m course.apps.batch "$(ASSIGNMENT)" $(if $(FORCE),--force) $(if $(JOBS),--jobs $(JOBS)) $(if $(SCHEDULER),--scheduler $(SCHEDULER)) $(if $(WAIT),--wait) $(if $(STUDENT),--student $(STUDENT))
 
 ## check NB=exercises/NN_slug/name.ipynb: self-grade one notebook
 check: $(STAMP)
 	@test -n "$(NB)" || { echo "usage: make check NB=exercises/01_kv_cache/<notebook>.ipynb"; exit 2; }
-	$(PY) -m course.grade_command "$(NB)"
+	$(PY) -m course.apps.grade_command "$(NB)"
 
 ## lab: JupyterLab on the exercises, offline (no news, update or extension-index requests)
 lab: $(STAMP)

@@ -1,27 +1,20 @@
-"""What runs the course: nbgrader wiring, the grading sandbox, batch grading, the self-check.
+"""What runs the course, in five parts (nbgrader's own split, plus the answer checks).
 
-Students never import this package's grading machinery into their reasoning; a
-notebook's last cell calls :func:`course.selfcheck.check_notebook`, which grades
-the saved notebook the way the instructor's batch does.
+- :mod:`course.checks`: the answer checks a student's notebook imports (drawn numbers,
+  plausibility, the slip catalogue); standard library only, so the same code runs in
+  JupyterLab, in the grader and in JupyterLite's browser kernel.
+- :mod:`course.notebooks`: notebook processing, nbgrader's preprocessors and exporters
+  (submissions read, repaired, executed, their hidden tests checked and flagged).
+- :mod:`course.sandbox`: the bubblewrap kernel every student notebook runs in, with its
+  memory, time and output limits.
+- :mod:`course.apps`: what an instructor or a learner runs (``make grade`` on a pool or a
+  Dask cluster, ``kvlib grade``, ``make check`` and the notebook's "Check your work").
+- :mod:`course.book`: helpers the book's build uses (results tables, the GPU runs,
+  kernel keys, Debian's Chromium for the browser checks).
 
-- :mod:`course.autograde`: ``configure(c, root)``, the nbgrader settings every path uses;
-- :mod:`course.intake`, :mod:`course.repair`: submissions read, repaired or set aside;
-- :mod:`course.stored`: a notebook file read without its stored outputs, in one pass;
-- :mod:`course.execute`: the executing preprocessor (limits, hidden tests in this process);
-- :mod:`course.hidden`: hidden tests checked on plain values read out of the kernel;
-- :mod:`course.sandbox`, :mod:`course.limits`, :mod:`course.mounts`: bubblewrap kernels
-  with memory, time and output limits;
-- :mod:`course.flags`: what grading repaired or stopped, in the feedback and ``grades.csv``;
-- :mod:`course.scratch`: throwaway nbgrader course folders driven through nbgrader's CLI;
-- :mod:`course.batch`: ``make grade``, a class on every core;
-- :mod:`course.runlock`: one ``make grade`` per course at a time (a file lock, and a
-  PostgreSQL advisory lock for a shared gradebook);
-- :mod:`course.records`: grading a stopped run left half-done, found and undone;
-- :mod:`course.cluster`: ``make grade ... SCHEDULER=``, the kernels on a Dask cluster;
-- :mod:`course.selfcheck`: ``make check`` and the notebook's "Check your work" cell;
-- :mod:`course.tables`: the results tables the book's pages glue (MyST Markdown);
-- :mod:`course.gpu_runs`: the GPU check's JSON runs (``scripts/gpu_check.py``), read back
-  for chapter 6's runs page;
-- :mod:`course.kernel_keys`: encrypted kernel connections, a build without transport warnings;
-- :mod:`course.browser`: Debian's Chromium as the browser checks and benchmarks run it.
+Nothing in :mod:`kvlib` imports this package; ``kvlib grade`` is added to the command line
+through the ``kvlib.commands`` entry point. This file and the ``__init__`` files of
+``notebooks``, ``sandbox``, ``apps`` and ``book`` import nothing, so importing
+:mod:`course.checks` loads only the standard library (JupyterLite's kernel packs them as
+they are).
 """

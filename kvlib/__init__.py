@@ -56,15 +56,13 @@ Chapter 8, beyond one GPU (tiers, reload or recompute, prefill/decode hand-off):
     kvlib.engine.disagg
     kvlib.serving.routing
 
-Grading, what a graded notebook imports (standard library only):
-    kvlib.grading (configs, draw, slips)
-
 The command line (``kvlib size``, ``kvlib bench``, ...):
     kvlib.cli
     kvlib.__main__
     kvlib.commands (bench, capacity, engine_bench, flags, handoff, hub, queue, reload, size,
         step)
-    (``kvlib grade`` is the course's, added through the ``kvlib.commands`` entry points)
+    (``kvlib grade`` is the course's, added through the ``kvlib.commands`` entry points;
+    the answer checks a graded notebook imports are the course's too, ``course.checks``)
 
 ARCHITECTURE.md at the repository's root says what each package owns and why.
 """

@@ -11,7 +11,7 @@
 (function () {
   "use strict";
   const FILE = "kvlib_student_id.txt";
-  const DEFAULT_ID = "self-study"; // kvlib.grading.DEFAULT_STUDENT
+  const DEFAULT_ID = "self-study"; // course.checks.DEFAULT_STUDENT
 
   function element(tag, attributes, children) {
     const node = document.createElement(tag);

@@ -17,7 +17,7 @@ one's seconds over the pool's (the Dask path on one machine aims at 1.10 or
 less), and CPU seconds per submission of every process this script started and
 reaped (graders, workers, and the kernels they reaped; for Dask, less what the
 scheduler and workers had used to start, which is not timed either). With
-``--profile`` the client of each Dask run (``python -m course.batch``, the
+``--profile`` the client of each Dask run (``python -m course.apps.batch``, the
 command ``make grade`` runs) runs under cProfile, and its top entries by
 cumulative time are printed: what the one process that writes the course
 spends its time on. The figures are printed, never asserted: they depend on
@@ -49,7 +49,7 @@ from typing import Any
 
 import nbformat
 
-from course.scratch import run_nbgrader
+from course.apps.scratch import run_nbgrader
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -197,10 +197,10 @@ def _cpu_so_far_s(processes: list[Any]) -> float:
 def profiled_client(course: Path, address: str, profile: Path) -> Run:
     """The command ``make grade ... SCHEDULER=`` runs, under cProfile (written to ``profile``)."""
     python = str(course / ".venv" / "bin" / "python")
-    command = [python, "-m", "cProfile", "-o", str(profile), "-m", "course.batch", ASSIGNMENT,
+    command = [python, "-m", "cProfile", "-o", str(profile), "-m", "course.apps.batch", ASSIGNMENT,
                "--scheduler", address]
     return in_course(course, command,
-                     f"python -m cProfile -m course.batch {ASSIGNMENT} --scheduler {address}")
+                     f"python -m cProfile -m course.apps.batch {ASSIGNMENT} --scheduler {address}")
 
 
 def print_profile(profile: Path, entries: int) -> None:

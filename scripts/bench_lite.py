@@ -46,7 +46,7 @@ from urllib.parse import urlsplit
 
 import build_lite  # scripts/, this script's folder, is first on sys.path
 
-from course.browser import CHROMIUM, CHROMIUM_ARGS, browser_cpu_seconds
+from course.book.browser import CHROMIUM, CHROMIUM_ARGS, browser_cpu_seconds
 
 ROOT = Path(__file__).resolve().parent.parent
 

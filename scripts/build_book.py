@@ -254,12 +254,12 @@ def remote_assets(html_dir: Path) -> list[str]:
 # jupyter-book's CLI has no --jobs; Sphinx reads (and myst-nb executes) pages in
 # parallel processes when build_sphinx is given jobs > 1. The parallel readers are
 # forked from this process, so the kernels they start get provision_curve_keys
-# (course.kernel_keys) too.
+# (course.book.kernel_keys) too.
 _PARALLEL_CLI = """
 import sys
 import jupyter_book.sphinx as sphinx_module
 jobs = int(sys.argv.pop(1))
-from course.kernel_keys import provision_curve_keys
+from course.book.kernel_keys import provision_curve_keys
 provision_curve_keys()
 original = sphinx_module.build_sphinx
 def build_sphinx(*args, **kwargs):

@@ -17,8 +17,8 @@ from a CDN and PyPI; this build serves every file from the site instead:
    ``loadPyodide`` loads all of them at once; ``comm`` is also in the piplite index.
 4. kvlib as a pure-Python wheel built from this checkout, and ``kvlib_lite``
    (``lite/py``): the kernel's start-up (the learner's id, a one-line notice for cells
-   that need numpy or torch), the browser's "Check your work" (``course.selfcheck``
-   with ``course.hidden``, run on the assignment data of ``solutions/``, hidden tests
+   that need numpy or torch), the browser's "Check your work" (``course.apps.selfcheck``
+   with ``course.notebooks.hidden``, run on the assignment data of ``solutions/``, hidden tests
    included: readable in the site, as they are in the repository's ``solutions/``). Both are in
    the lock and loaded when the kernel starts.
 5. ``jupyter-lite.json``: the kernel reads the local ``pyodide.mjs``, never falls back
@@ -100,9 +100,9 @@ class LiteBuildError(Exception):
 
 def _inputs() -> list[Path]:
     files = [Path(__file__), ROOT / "scripts" / "pack_kvlib.py", ROOT / "pyproject.toml",
-             ROOT / "course" / "hidden.py", ROOT / "course" / "selfcheck.py",
+             ROOT / "course" / "notebooks" / "hidden.py", ROOT / "course" / "apps" / "selfcheck.py",
              ROOT / "package-lock.json"]
-    for folder in ("kvlib", "exercises", "solutions", "lite"):
+    for folder in ("kvlib", "course/checks", "exercises", "solutions", "lite"):
         files += sorted(p for p in (ROOT / folder).rglob("*")
                         if p.is_file() and "__pycache__" not in p.parts
                         and ".ipynb_checkpoints" not in p.parts)
@@ -201,12 +201,16 @@ def build_wheels(folder: Path) -> dict[str, Path]:
 
     data = json.dumps(assignment_data(ROOT), indent=1, sort_keys=True).encode()
     members["kvlib_lite/assignments.json"] = data
-    members["course/__init__.py"] = (
-        b'"""The course package as the browser has it: the self-check and hidden tests."""\n'
-    )
-    members["course/hidden.py"] = ROOT / "course" / "hidden.py"
-    members["course/selfcheck.py"] = (
-        (ROOT / "course" / "selfcheck.py").read_bytes() + BROWSER_SELFCHECK.encode()
+    # The course package as the browser has it: the answer checks, the hidden tests'
+    # reader and the self-check, each subpackage's __init__ as in the checkout
+    # (docstrings only), so an import resolves as it does in Lab.
+    for sub in ("", "checks/", "notebooks/", "apps/"):
+        members[f"course/{sub}__init__.py"] = ROOT / "course" / sub / "__init__.py"
+    for name in ("configs", "draw", "slips"):
+        members[f"course/checks/{name}.py"] = ROOT / "course" / "checks" / f"{name}.py"
+    members["course/notebooks/hidden.py"] = ROOT / "course" / "notebooks" / "hidden.py"
+    members["course/apps/selfcheck.py"] = (
+        (ROOT / "course" / "apps" / "selfcheck.py").read_bytes() + BROWSER_SELFCHECK.encode()
     )
     lite = pack_kvlib.write_wheel(folder, "kvlib-lite", version, members,
                                   "kvlib's exercise notebooks in JupyterLite")

@@ -97,7 +97,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from course import gpu_runs as records  # noqa: E402
+from course.book import gpu_runs as records  # noqa: E402
 from kvlib.timing import bench  # noqa: E402
 from kvlib.timing import devices as dev  # noqa: E402
 from kvlib.timing import kernels as tk  # noqa: E402

@@ -18,7 +18,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from course.scratch import (
+from course.apps.scratch import (
     NbgraderError,
     assignment_ids,
     make_course,

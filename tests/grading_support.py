@@ -1,6 +1,6 @@
 """Helpers for the grading tests: chapter 1's notebooks, each student's numbers, submissions.
 
-Chapter 1's challenges draw per-student numbers (``kvlib.grading.numbers``).
+Chapter 1's challenges draw per-student numbers (``course.checks.numbers``).
 :func:`drawn` runs a challenge's own locked numbers cell for a student, so the
 tests see exactly what that student's prompt printed; :func:`expected` then
 computes the right answers from those numbers with a learner's formulas,
@@ -25,7 +25,7 @@ from typing import Any
 import nbformat
 from assignments.a01_kv_cache import WRONG
 
-from kvlib.grading import Numbers, grading_student
+from course.checks import Numbers, grading_student
 
 ROOT = Path(__file__).resolve().parents[1]
 ASSIGNMENT = "01_kv_cache"
@@ -146,7 +146,7 @@ def new_course(
 ) -> tuple[Path, Path]:
     """A throwaway course with chapter 1's assignment (and ``files``, by name, added to its
     ``solutions/``) in its gradebook; the course folder and its released notebook."""
-    from course.scratch import make_course, run_nbgrader
+    from course.apps.scratch import make_course, run_nbgrader
 
     course = make_course(folder, ROOT, [ASSIGNMENT], timeout_s=timeout_s, limits=limits)
     for name, text in (files or {}).items():
@@ -243,8 +243,8 @@ CLASS = {
 
 
 def _grade_twice(folder: Path) -> int:
-    from course.batch import main as make_grade
-    from course.scratch import run_nbgrader
+    from course.apps.batch import main as make_grade
+    from course.apps.scratch import run_nbgrader
 
     serial, release = new_course(folder / "serial", timeout_s=10)
     for name, nb in _class(release).items():

@@ -6,12 +6,12 @@ students, so it sees a handful of draws. A challenge's numbers come from a singl
 the prompt's numbers cell), so every combination of the choices is some student's
 problem. A sweep runs each combination in-process:
 
-1. ``choices`` probes the hidden test: it replaces ``kvlib.grading.numbers`` with a probe
+1. ``choices`` probes the hidden test: it replaces ``course.checks.numbers`` with a probe
    that records the challenge and its choices and stops the cell there;
 2. ``draws`` enumerates the combinations (``itertools.product``, last name fastest) as
-   ``kvlib.grading.Numbers``, or a seeded sample of them where there are too many;
+   ``course.checks.Numbers``, or a seeded sample of them where there are too many;
 3. ``run`` executes a cell (a solution, a hidden test, a visible check) with ``numbers``
-   returning one draw and ``kvlib.grading.expect`` replaced by a recorder, and returns the
+   returning one draw and ``course.checks.expect`` replaced by a recorder, and returns the
    cell's namespace, with what the cell passed to ``expect`` under ``"_expect"``.
 
 The right value, its tolerance and the named mistakes are therefore the hidden test's
@@ -51,8 +51,8 @@ from typing import Any
 
 import pytest
 
-import kvlib.grading as grading
-from kvlib.grading import Numbers
+import course.checks as grading
+from course.checks import Numbers
 
 ROOT = Path(__file__).resolve().parents[2]
 HIDDEN = re.compile(r"### BEGIN HIDDEN TESTS\n(.*?)### END HIDDEN TESTS", re.S)
@@ -60,7 +60,7 @@ SOLUTION = re.compile(r"### BEGIN SOLUTION\n(.*?)### END SOLUTION", re.S)
 REAL_EXPECT = grading.expect  # before ``run`` replaces it with a recorder
 # The setup cell's import that ``Notebook.units`` leaves out: ``run`` supplies ``numbers``,
 # and a test that runs a visible check passes it ``plausible``.
-_GRADING_IMPORT = "from kvlib.grading import numbers, plausible\n"
+_GRADING_IMPORT = "from course.checks import numbers, plausible\n"
 
 
 class Notebook:
@@ -157,7 +157,7 @@ def compiled(source: str) -> CodeType:
 
 def run(source: str, draw: Numbers, /, *, also_grade: bool = False, **names: Any) -> dict[str, Any]:
     """Execute ``source`` with ``math`` and ``names`` defined, ``numbers`` (the global and
-    ``kvlib.grading``'s) returning ``draw`` and ``kvlib.grading.expect`` recording its
+    ``course.checks``'s) returning ``draw`` and ``course.checks.expect`` recording its
     call; return the namespace. There ``"_expect"`` holds the expected value and keyword
     arguments passed to ``expect`` (``{"expected": ..., "rel": ..., "mistakes": ...}``)
     and ``"_expect_call"`` the last call as ``(answer, expected, kwargs)``. With

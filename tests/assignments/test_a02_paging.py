@@ -14,8 +14,8 @@ import math
 import pytest
 
 from assignments import sweep
+from course.checks import sliding_config
 from kvlib.config import load_config
-from kvlib.grading import sliding_config
 from kvlib.paging.prefix import prefix_sharing
 from kvlib.paging.table import PagedKVCache
 from kvlib.paging.vllm_pool import kv_pool

@@ -24,7 +24,7 @@ import pytest
 
 from assignments import sweep
 from assignments.sweep import REAL_EXPECT
-from kvlib.grading import Numbers
+from course.checks import Numbers
 
 NOTEBOOK = sweep.Notebook("05_rate_limiting/rate_limiting.ipynb")
 CELLS = NOTEBOOK.cells

@@ -23,9 +23,9 @@ import nbformat
 import pytest
 
 import assignments
-from course.autograde import is_test_cell
-from course.scratch import make_course, run_nbgrader
-from kvlib.grading import HIDDEN_TEST_MODULES
+from course.apps.autograde import is_test_cell
+from course.apps.scratch import make_course, run_nbgrader
+from course.checks import HIDDEN_TEST_MODULES
 
 pytestmark = pytest.mark.notebooks
 

@@ -8,7 +8,7 @@ patched checker and builtins, reading solutions or the gradebook from disk
 (directly and through a submitted symbolic link), network calls, writes into
 the course folder, attempts to leave the sandbox, forged nbgrader metadata,
 a file that is not a notebook and an answer copied from another student.
-It is graded by ``course.batch`` (what ``make grade`` runs) with small
+It is graded by ``course.apps.batch`` (what ``make grade`` runs) with small
 limits so that it stays quick. Then: every honest student has full marks,
 every cheat scores 0 (or loses only the attacked challenge and is flagged),
 the batch finished, and the gradebook and the course's files are intact.
@@ -47,8 +47,8 @@ from grading_support import (
     write,
 )
 
-from course.batch import main as make_grade
-from course.limits import Limits
+from course.apps.batch import main as make_grade
+from course.sandbox.limits import Limits
 
 pytestmark = pytest.mark.notebooks
 
@@ -95,9 +95,9 @@ bytes_per_token, seats, prefill_s = Sly(1), Sly(2), Sly(3)
 """
 MONKEYPATCH = """
 import builtins, sys, types
-import kvlib.grading, kvlib.sizing
-kvlib.grading.expect = lambda *args, **kwargs: None
-sys.modules["kvlib.grading"] = types.ModuleType("kvlib.grading")
+import course.checks, kvlib.sizing
+course.checks.expect = lambda *args, **kwargs: None
+sys.modules["course.checks"] = types.ModuleType("course.checks")
 kvlib.sizing.kv_bytes_per_token_dense = lambda *args, **kwargs: 1
 builtins.isinstance = lambda *args: True
 builtins.type = lambda *args: int
@@ -295,7 +295,7 @@ def _notebook(name: str, release: Path) -> Any:
 def _tree(course: Path) -> dict[str, str]:
     """Hash of every course file the grader must not change."""
     # What grading writes: its outputs, the gradebook, its log, and .grading/ (the run lock
-    # and the submission digests, course/runlock.py and course/records.py).
+    # and the submission digests, course/apps/runlock.py and course/apps/records.py).
     skip = ("autograded", "feedback", "submitted", "grades.csv", "gradebook.db", ".nbgrader.log",
             ".grading")
     return {

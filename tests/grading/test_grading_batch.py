@@ -1,4 +1,4 @@
-"""course.batch (``make grade``): the same results as serial ``nbgrader autograde``.
+"""course.apps.batch (``make grade``): the same results as serial ``nbgrader autograde``.
 
 The same class (``grading_support.CLASS``) is graded twice, in two copies of one
 course: once by ``nbgrader autograde`` and ``nbgrader export`` (one process, one
@@ -26,7 +26,7 @@ from grading_support import (
     read,
 )
 
-from course.batch import main as make_grade
+from course.apps.batch import main as make_grade
 
 pytestmark = pytest.mark.notebooks
 

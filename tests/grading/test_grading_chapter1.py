@@ -22,9 +22,9 @@ from typing import Any
 import pytest
 from grading_support import CHALLENGES, cell_source, drawn, expected
 
-import kvlib.grading
-from course.hidden import free_names, run_hidden_test
-from kvlib.grading import Numbers, grading_student, plausible
+import course.checks
+from course.checks import Numbers, grading_student, plausible
+from course.notebooks.hidden import free_names, run_hidden_test
 
 GiB = 2**30
 
@@ -162,10 +162,10 @@ def every_draw(challenge: str) -> Iterator[Numbers]:
 
 @contextlib.contextmanager
 def drawing(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[Numbers]]:
-    """``kvlib.grading.numbers`` returns the Numbers put in the yielded list."""
+    """``course.checks.numbers`` returns the Numbers put in the yielded list."""
     box: list[Numbers] = []
     with monkeypatch.context() as m:
-        m.setattr(kvlib.grading, "numbers", lambda *args, **kwargs: box[0])
+        m.setattr(course.checks, "numbers", lambda *args, **kwargs: box[0])
         yield box
 
 
@@ -234,7 +234,7 @@ def test_two_students_two_problems_and_a_copied_answer_fails() -> None:
 def test_prompt_prints_the_numbers_the_test_uses(capsys: pytest.CaptureFixture[str]) -> None:
     n = drawn("bytes_per_token", "alice")
     with grading_student("alice"):
-        exec(cell_source("numbers_bytes_per_token"), {"numbers": kvlib.grading.numbers})
+        exec(cell_source("numbers_bytes_per_token"), {"numbers": course.checks.numbers})
     out = capsys.readouterr().out
     assert f"{n.layers} layers" in out and f"{n.kv_heads * n.group} attention" in out
     assert math.isclose(expected("alice")["bytes_per_token"], RIGHT["bytes_per_token"](n))

@@ -1,4 +1,4 @@
-"""course.cluster: ``make grade ... SCHEDULER=`` on a real Dask cluster on loopback.
+"""course.apps.cluster: ``make grade ... SCHEDULER=`` on a real Dask cluster on loopback.
 
 A ``dask scheduler`` and two ``dask worker`` processes (one task at a time each,
 no nanny: a killed worker stays dead) are started on 127.0.0.1 for this module
@@ -48,9 +48,9 @@ from grading_support import (
     write,
 )
 
-from course.batch import main as make_grade
-from course.limits import Limits
-from course.scratch import make_course
+from course.apps.batch import main as make_grade
+from course.apps.scratch import make_course
+from course.sandbox.limits import Limits
 
 pytestmark = pytest.mark.notebooks
 
@@ -267,7 +267,7 @@ def test_a_task_carries_the_late_penalty_rule_and_due_date(tmp_path: Path) -> No
     from nbgrader.plugins import LateSubmissionPlugin
     from traitlets.config import Config
 
-    from course.cluster import assignment_bundle
+    from course.apps.cluster import assignment_bundle
 
     class Halve(LateSubmissionPlugin):
         pass
@@ -301,7 +301,7 @@ def test_a_worker_killed_mid_batch(cluster: Cluster, tmp_path: Path) -> None:
     course = _class_course(tmp_path / "course")
     env = dict(os.environ, PATH=f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}")
     batch = subprocess.Popen(
-        [sys.executable, "-m", "course.batch", ASSIGNMENT, "--course", str(course),
+        [sys.executable, "-m", "course.apps.batch", ASSIGNMENT, "--course", str(course),
          "--scheduler", cluster.scheduler, "--no-feedback"],
         cwd=course, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )
@@ -323,7 +323,7 @@ def test_a_worker_killed_mid_batch(cluster: Cluster, tmp_path: Path) -> None:
     assert graded == len(SCORES)
     # Run again: nothing is left to do, nothing is graded twice.
     again = subprocess.run(
-        [sys.executable, "-m", "course.batch", ASSIGNMENT, "--course", str(course),
+        [sys.executable, "-m", "course.apps.batch", ASSIGNMENT, "--course", str(course),
          "--scheduler", cluster.scheduler, "--no-feedback"],
         cwd=course, env=env, capture_output=True, text=True, timeout=600,
     )
@@ -394,7 +394,7 @@ def _graded_once(course: Path, students: tuple[str, ...]) -> None:
     the graded folders agree."""
     from nbgrader.api import Gradebook
 
-    from course.records import missing_rows
+    from course.apps.records import missing_rows
 
     with Gradebook(f"sqlite:///{course / 'gradebook.db'}") as gb:
         subs = gb.find_assignment(ASSIGNMENT).submissions
@@ -414,7 +414,7 @@ def test_the_scheduler_killed_mid_batch(tmp_path: Path,
     env = dict(os.environ, PATH=f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}")
     with loopback_cluster(tmp_path / "first", workers=1) as first:
         batch = subprocess.Popen(
-            [sys.executable, "-m", "course.batch", ASSIGNMENT, "--course", str(course),
+            [sys.executable, "-m", "course.apps.batch", ASSIGNMENT, "--course", str(course),
              "--scheduler", first.scheduler, "--no-feedback"],
             cwd=course, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         )

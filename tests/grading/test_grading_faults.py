@@ -45,9 +45,9 @@ from grading_support import (
 )
 from postgres_support import postgres_available, postgres_server, restart
 
-from course import records
-from course.batch import main as make_grade
-from course.scratch import NbgraderError, make_course, run_nbgrader
+from course.apps import records
+from course.apps.batch import main as make_grade
+from course.apps.scratch import NbgraderError, make_course, run_nbgrader
 
 pytestmark = pytest.mark.notebooks
 
@@ -116,7 +116,7 @@ def _env() -> dict[str, str]:
 def _start(course: Path, *args: str) -> subprocess.Popen[str]:
     """``make grade`` as its own process group, as a terminal runs it."""
     return subprocess.Popen(
-        [sys.executable, "-m", "course.batch", ASSIGNMENT, "--course", str(course), *args],
+        [sys.executable, "-m", "course.apps.batch", ASSIGNMENT, "--course", str(course), *args],
         cwd=course, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         start_new_session=True,
     )
@@ -221,7 +221,7 @@ def test_a_killed_runs_lock_is_taken_over(graded: Path, tmp_path: Path,
 def test_postgres_advisory_lock_names_the_holder(tmp_path: Path) -> None:
     """Against a shared PostgreSQL gradebook a run from another machine (another course
     folder: its file lock is elsewhere) is refused by the server's advisory lock."""
-    from course.runlock import Busy, grading_lock
+    from course.apps.runlock import Busy, grading_lock
 
     assert postgres_available(), "install Debian's PostgreSQL: apt-get install postgresql"
     with postgres_server() as url:

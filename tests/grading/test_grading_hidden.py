@@ -1,4 +1,4 @@
-"""course.hidden: hidden tests run outside the kernel, on values read out of it.
+"""course.notebooks.hidden: hidden tests run outside the kernel, on values read out of it.
 
 Chapter 1's own hidden tests are checked draw by draw in ``test_grading_chapter1``.
 """
@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from course.hidden import (
+from course.notebooks.hidden import (
     Unreadable,
     free_names,
     rebuild_value,
@@ -90,7 +90,7 @@ def test_free_names() -> None:
 
 
 class TestRunHiddenTest:
-    SOURCE = "from kvlib.grading import expect\nexpect(x, 2 * 21, rel=0, name='x')"
+    SOURCE = "from course.checks import expect\nexpect(x, 2 * 21, rel=0, name='x')"
 
     def test_pass(self) -> None:
         assert run_hidden_test(self.SOURCE, {"x": 42}).passed

@@ -1,4 +1,4 @@
-"""course.limits: rlimits in the sandbox, and a watchdog for what rlimits cannot see."""
+"""course.sandbox.limits: rlimits in the sandbox, and a watchdog for what rlimits cannot see."""
 
 from __future__ import annotations
 
@@ -15,8 +15,9 @@ from typing import Any
 
 import pytest
 
-from course.execute import apply_carriage_returns
-from course.limits import (
+from course.notebooks.execute import apply_carriage_returns
+from course.sandbox.kernel import SandboxedKernelManager
+from course.sandbox.limits import (
     LAUNCHER,
     STREAM_CHUNK_CHARS,
     Limits,
@@ -24,8 +25,7 @@ from course.limits import (
     launcher_argv,
     sandbox_usage,
 )
-from course.mounts import system_argv
-from course.sandbox import SandboxedKernelManager
+from course.sandbox.mounts import system_argv
 
 MiB = 2**20
 
@@ -104,7 +104,7 @@ def test_the_kernel_drops_output_past_the_executors_own_cap() -> None:
     """One setting: the cap an instructor gives the executor is the one its kernel applies."""
     import nbformat
 
-    from course.execute import VerifiedExecute
+    from course.notebooks.execute import VerifiedExecute
 
     executor = VerifiedExecute(max_output_bytes=3 * MiB, kernel_name="python3")
     executor.nb = nbformat.v4.new_notebook()

@@ -30,8 +30,8 @@ from grading_support import (
 from grading_support import submission as notebook
 from postgres_support import postgres_available, postgres_server
 
-from course.batch import main as make_grade
-from course.scratch import make_course, run_nbgrader
+from course.apps.batch import main as make_grade
+from course.apps.scratch import make_course, run_nbgrader
 
 pytestmark = pytest.mark.notebooks
 

@@ -1,4 +1,4 @@
-"""course.repair: any submitted file becomes a gradable notebook, repairs flagged."""
+"""course.notebooks.repair: any submitted file becomes a gradable notebook, repairs flagged."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import pytest
 from grading_support import RELEASE, RIGHT, grade_id, read, submission
 from nbgrader.nbgraderformat import MetadataValidator
 
-from course.repair import (
+from course.notebooks.repair import (
     MAX_FILE_BYTES,
     MAX_NOTEBOOK_BYTES,
     OUTPUTS_DROPPED,

@@ -1,4 +1,4 @@
-"""course.sandbox: what a student's kernel can see, reach, write and keep.
+"""course.sandbox.kernel: what a student's kernel can see, reach, write and keep.
 
 One sandboxed kernel runs a notebook of probes once (module fixture), in a
 fake course folder holding a solution, a gradebook, a data file of the
@@ -21,9 +21,9 @@ import pytest
 from nbclient import NotebookClient
 from traitlets.config import Config
 
-import course.sandbox as sandbox
-from course.limits import kernel_uid
-from course.sandbox import SandboxedKernelManager, SandboxError, bwrap_available
+import course.sandbox.kernel as sandbox
+from course.sandbox.kernel import SandboxedKernelManager, SandboxError, bwrap_available
+from course.sandbox.limits import kernel_uid
 
 MiB = 2**20
 SECRET_ENV = {"PGPASSWORD": "hunter2", "KVLIB_GRADEBOOK_URL": "postgresql://u:hunter2@db/c"}
@@ -209,7 +209,7 @@ class TestModes:
 
 
 def test_kernel_uid_is_unique_per_grading_process() -> None:
-    code = "from course.limits import kernel_uid; print(kernel_uid())"
+    code = "from course.sandbox.limits import kernel_uid; print(kernel_uid())"
     uids = {subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                            check=True).stdout for _ in range(2)}
     if os.geteuid() == 0:

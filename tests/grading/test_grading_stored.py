@@ -1,4 +1,5 @@
-"""course.stored: a notebook file read in chunks, every cell's outputs dropped, the rest kept.
+"""course.notebooks.stored: a notebook file read in chunks, every cell's outputs dropped, the
+rest kept.
 
 Checked against the obvious reference (parse the whole file, empty each cell's
 outputs) on generated JSON full of the characters a scanner can trip on
@@ -16,8 +17,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import course.stored
-from course.stored import KeptTooLarge, strip_outputs
+import course.notebooks.stored
+from course.notebooks.stored import KeptTooLarge, strip_outputs
 
 TRICKY = st.text(alphabet=st.sampled_from(['a', '"', "\\", "[", "]", "{", "}", ",", ":", "\n",
                                            "é", " ", "\r"]), max_size=12)
@@ -55,7 +56,7 @@ def test_same_as_dropping_outputs_after_parsing(
     notebook = {**extra, "metadata": {"cells": [{"outputs": [1]}]}, "cells": cells}
     text = json.dumps(notebook, ensure_ascii=ascii_only, indent=indent).encode()
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(course.stored, "CHUNK_BYTES", chunk)
+        patch.setattr(course.notebooks.stored, "CHUNK_BYTES", chunk)
         stripped = strip_outputs(io.BytesIO(text), 10**9)
     assert json.loads(stripped.data) == reference(json.loads(text))
     assert stripped.outputs_dropped == sum(1 for c in cells if c["outputs"])

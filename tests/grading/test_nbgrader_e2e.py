@@ -36,7 +36,7 @@ from grading_support import (
     read,
 )
 
-from course.autograde import is_test_cell
+from course.apps.autograde import is_test_cell
 
 pytestmark = pytest.mark.notebooks
 
@@ -126,9 +126,9 @@ def test_repository_course_config(monkeypatch: pytest.MonkeyPatch) -> None:
     from nbgrader.preprocessors import ClearHiddenTests, Execute
     from traitlets.config.loader import PyFileConfigLoader
 
-    from course.autograde import VerifiedExecute
-    from course.flags import FlaggedCsvExport, FlagsInFeedback
-    from course.intake import RepairingExporter
+    from course.apps.autograde import VerifiedExecute
+    from course.notebooks.flags import FlaggedCsvExport, FlagsInFeedback
+    from course.notebooks.intake import RepairingExporter
 
     monkeypatch.delenv("KVLIB_GRADEBOOK_URL", raising=False)
     c = PyFileConfigLoader("nbgrader_config.py", path=str(ROOT)).load_config()

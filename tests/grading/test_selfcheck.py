@@ -1,4 +1,4 @@
-"""course.selfcheck (``kvlib grade`` and the notebook's last cell), and ``make lab``."""
+"""course.apps.selfcheck (``kvlib grade`` and the notebook's last cell), and ``make lab``."""
 
 from __future__ import annotations
 
@@ -29,8 +29,8 @@ from grading_support import (
     write,
 )
 
-from course.selfcheck import MISSING_GRADER, check_notebook, format_report, grade, main
-from kvlib.grading import STUDENT_ENV
+from course.apps.selfcheck import MISSING_GRADER, check_notebook, format_report, grade, main
+from course.checks import STUDENT_ENV
 
 pytestmark = pytest.mark.notebooks
 
@@ -111,7 +111,7 @@ def test_last_cell_without_the_grader_installed(capsys: pytest.CaptureFixture[st
     code = (
         "import sys; sys.path = [p for p in sys.path if 'site-packages' not in p]; "
         f"sys.path.insert(0, {str(ROOT)!r}); "
-        "from course.selfcheck import check_notebook; check_notebook('x.ipynb')"
+        "from course.apps.selfcheck import check_notebook; check_notebook('x.ipynb')"
     )
     out = subprocess.run([sys.executable, "-I", "-S", "-c", code], capture_output=True, text=True)
     assert out.stdout.strip() == f"kvlib grade: {MISSING_GRADER}" and out.returncode == 0
@@ -122,7 +122,7 @@ def test_command_without_the_grader_installed(tmp_path: Path) -> None:
     code = (
         "import sys; sys.path = [p for p in sys.path if 'site-packages' not in p]; "
         f"sys.path.insert(0, {str(ROOT)!r}); "
-        "from course.grade_command import main; sys.exit(main(['x.ipynb']))"
+        "from course.apps.grade_command import main; sys.exit(main(['x.ipynb']))"
     )
     out = subprocess.run([sys.executable, "-I", "-S", "-c", code], capture_output=True, text=True)
     assert out.returncode == 2 and out.stdout == ""

@@ -33,7 +33,7 @@ from site_helpers import (
     serve_directory,
 )
 
-from course.browser import CHROMIUM, CHROMIUM_ARGS, browser_cpu_seconds
+from course.book.browser import CHROMIUM, CHROMIUM_ARGS, browser_cpu_seconds
 
 pytestmark = pytest.mark.site
 

@@ -38,8 +38,8 @@ sys.path.insert(0, str(ROOT / "scripts"))
 
 from kvlib_lite import check  # noqa: E402
 
-from course.selfcheck import format_report  # noqa: E402
-from kvlib.grading import grading_student  # noqa: E402
+from course.apps.selfcheck import format_report  # noqa: E402
+from course.checks import grading_student  # noqa: E402
 
 ASSIGNMENT = "05_rate_limiting"
 SOLUTION = ROOT / "solutions" / ASSIGNMENT / "rate_limiting.ipynb"
@@ -107,7 +107,7 @@ def data() -> dict[str, Any]:
 def test_browser_check_matches_kvlib_grade(
     variant: str, data: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from course.selfcheck import grade
+    from course.apps.selfcheck import grade
 
     answers = {"honest": solution_answers(), "blank": None, "wrong": wrong_answers()}[variant]
     path = tmp_path / "rate_limiting.ipynb"

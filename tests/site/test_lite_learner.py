@@ -124,7 +124,7 @@ def test_a_learner_session_in_the_browser() -> None:
         prefilled = page.locator("#kvlib-id-input").input_value()
         bench_lite.answer_student_id(page, NEW_STUDENT)
         drawn_for = bench_lite.execute(
-            page, "import kvlib.grading\nprint(kvlib.grading.student_id())")
+            page, "import course.checks\nprint(course.checks.student_id())")
 
         # 5. A link to chapter 1's notebook: only it opens; a reload keeps it.
         page.goto(f"{base}lab/index.html?path={OTHER}")

@@ -29,7 +29,7 @@ from typing import Any
 import pytest
 from site_helpers import ROOT, ensure_site, serve_directory
 
-from course.browser import CHROMIUM, CHROMIUM_ARGS
+from course.book.browser import CHROMIUM, CHROMIUM_ARGS
 
 sys.path.insert(0, str(ROOT / "scripts"))
 

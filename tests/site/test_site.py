@@ -32,7 +32,7 @@ from site_helpers import (
     toc_pages,
 )
 
-from course.browser import CHROMIUM, CHROMIUM_ARGS
+from course.book.browser import CHROMIUM, CHROMIUM_ARGS
 
 pytestmark = pytest.mark.site
 

@@ -33,7 +33,7 @@ def test_other_packages_add_commands_through_the_entry_point_group(
     that ``pyproject.toml`` declares: kvlib itself imports no course module."""
     declared = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
     target = declared["project"]["entry-points"][ENTRY_POINT_GROUP]["grade"]
-    assert target == "course.grade_command:register"
+    assert target == "course.apps.grade_command:register"
     point = importlib.metadata.EntryPoint("grade", target, ENTRY_POINT_GROUP)
 
     def entry_points(**kwargs: Any) -> list[importlib.metadata.EntryPoint]:

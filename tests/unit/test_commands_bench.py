@@ -164,7 +164,7 @@ def test_allocation_failure_is_one_line(capsys: pytest.CaptureFixture[str]) -> N
 def test_import_does_not_import_torch() -> None:
     code = (
         "import sys, kvlib.commands.bench, kvlib.timing.roofline, kvlib.timing, "
-        "kvlib.timing.workloads, course.gpu_runs; "
+        "kvlib.timing.workloads, course.book.gpu_runs; "
         "print(sorted({'torch', 'numpy', 'tqdm'} & set(sys.modules)))"
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)

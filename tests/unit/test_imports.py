@@ -10,6 +10,8 @@ fresh interpreter.
 - No import cycle among kvlib's and course's modules, counting imports under
   ``TYPE_CHECKING`` and inside functions.
 - No kvlib module imports the course (the course adds ``kvlib grade`` through an entry point).
+- The answer checks (``course.checks``) import the standard library alone, and the
+  ``__init__`` files JupyterLite packs with them import nothing.
 - Every module declares ``__all__`` and every name in it exists.
 """
 
@@ -68,7 +70,6 @@ LAYERS = [
     ("kvlib.nn",),
     ("kvlib.timing",),
     ("kvlib.engine",),
-    ("kvlib.grading",),
     ("kvlib.commands", "kvlib.cli", "kvlib.__main__"),
 ]
 
@@ -379,7 +380,7 @@ def test_the_cycle_finder_finds_a_cycle() -> None:
 
 def test_no_import_cycle_in_kvlib_or_course() -> None:
     graph = _import_graph()
-    assert "kvlib.commands.size" in graph and "course.selfcheck" in graph
+    assert "kvlib.commands.size" in graph and "course.apps.selfcheck" in graph
     assert _cycles(graph) == []
 
 
@@ -401,3 +402,52 @@ def test_the_chapter_map_names_every_module_once() -> None:
     assert sorted(every - set(named)) == [], "modules missing from kvlib's chapter map"
     assert sorted(set(named) - every) == [], "kvlib's chapter map names modules that do not exist"
     assert len(named) == len(set(named)), "a module is mapped to two chapters"
+
+
+COURSE = ROOT.parent / "course"
+# What JupyterLite's kernel packs besides the checks (scripts/build_lite.py): these
+# ``__init__`` files must load nothing, or importing course.checks would load more.
+PACKED_INITS = ("__init__.py", "notebooks/__init__.py", "apps/__init__.py")
+
+
+def _imported_names(path: Path) -> list[tuple[int, str]]:
+    """(line, absolute module) for every import in a file, anywhere in it."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, alias.name) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            assert node.level == 0, f"{path}:{node.lineno} uses a relative import"
+            found.append((node.lineno, node.module or ""))
+    return found
+
+
+@pytest.mark.parametrize("path", sorted((COURSE / "checks").glob("*.py")), ids=lambda p: p.name)
+def test_the_answer_checks_import_the_standard_library_alone(path: Path) -> None:
+    """Notebooks, hidden tests and the browser's kernel import course.checks: nothing but
+    the standard library and its own modules (no kvlib, no numpy, no nbgrader)."""
+    for line, module in _imported_names(path):
+        top = module.split(".")[0]
+        own = module == "course.checks" or module.startswith("course.checks.")
+        assert own or top == "__future__" or top in sys.stdlib_module_names, (
+            f"course/checks/{path.name}:{line} imports {module}"
+        )
+
+
+@pytest.mark.parametrize("name", PACKED_INITS)
+def test_the_course_packages_the_browser_packs_import_nothing(name: str) -> None:
+    assert _imported_names(COURSE / name) == []
+
+
+def test_the_answer_checks_load_no_third_party_package() -> None:
+    """The same, as a real import tells it: importing course.checks in a fresh
+    interpreter loads the standard library and course.checks alone."""
+    script = (
+        "import sys; before = set(sys.modules); import course.checks; "
+        "print('\\n'.join(sorted(set(sys.modules) - before)))"
+    )
+    loaded = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                            check=True).stdout.split()
+    foreign = [m for m in loaded if m.split(".")[0] not in sys.stdlib_module_names
+               and m not in ("course", "course.checks") and not m.startswith("course.checks.")]
+    assert "course.checks.slips" in loaded and not foreign, foreign

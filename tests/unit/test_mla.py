@@ -27,7 +27,7 @@ from typing import Any
 
 import pytest
 
-from kvlib import grading
+from course import checks as grading
 from kvlib.bounds import kv_bytes_per_gpu
 from kvlib.config import ConfigError, bundled_config_path, load_config
 from kvlib.hardware import get_gpu

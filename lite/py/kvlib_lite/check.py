@@ -1,6 +1,6 @@
 """The "Check your work" cell where nbgrader cannot run: in the browser, on Pyodide.
 
-``kvlib grade`` (:mod:`course.selfcheck`) autogrades with nbgrader, which needs a
+``kvlib grade`` (:mod:`course.apps.selfcheck`) autogrades with nbgrader, which needs a
 Jupyter server, subprocess kernels and a database: none of them exists in a browser.
 This module gives the same score and hints for the same saved notebook by doing what
 that path does, in one process:
@@ -9,11 +9,11 @@ that path does, in one process:
 2. put back every locked cell and test cell as the assignment's source has it
    (nbgrader's ``OverwriteCells``), so an edited test or set-up cell counts for nothing;
 3. run the code cells in order in a fresh namespace, as the student being graded
-   (:func:`kvlib.grading.grading_student`); an error stops that cell only, like
+   (:func:`course.checks.grading_student`); an error stops that cell only, like
    nbgrader's execute step; the self-check cell and cells tagged ``skip-execution``
    are not run;
 4. for each test cell, read the plain values of the names it reads out of that
-   namespace and run the hidden test on them with :func:`course.hidden.run_hidden_test`,
+   namespace and run the hidden test on them with :func:`course.notebooks.hidden.run_hidden_test`,
    the function the course's grader calls: the score is the cell's points if it passes,
    else 0, and the hint is its message.
 
@@ -35,14 +35,14 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from course.hidden import (
+from course.notebooks.hidden import (
     Unreadable,
     free_names,
     rebuild_value,
     run_hidden_test,
     snapshot_expression,
 )
-from kvlib.grading import grading_student, student_id
+from course.checks import grading_student, student_id
 
 __all__ = [
     "DATA_FILE",
@@ -54,7 +54,7 @@ __all__ = [
 ]
 
 DATA_FILE = Path(__file__).with_name("assignments.json")
-# The cell that calls this check; the grader never runs it either (course.execute).
+# The cell that calls this check; the grader never runs it either (course.notebooks.execute).
 SKIPPED_IDS = frozenset({"self_check"})
 SKIP_TAG = "skip-execution"  # nbclient leaves cells with this tag unrun
 
@@ -70,7 +70,7 @@ def _source(cell: Mapping[str, Any]) -> str:
 
 
 def _is_test(cell: Mapping[str, Any]) -> bool:
-    """A graded code cell that is not an answer cell (course.execute.is_test_cell)."""
+    """A graded code cell that is not an answer cell (course.notebooks.execute.is_test_cell)."""
     meta = _meta(cell)
     return bool(cell.get("cell_type") == "code" and meta.get("grade") and not meta.get("solution"))
 
@@ -166,7 +166,7 @@ def _transform(source: str) -> str:
 
 
 def _read_value(name: str, namespace: dict[str, Any]) -> float | int | Unreadable:
-    """``name``'s value as the grader reads it out of a kernel (course.hidden)."""
+    """``name``'s value as the grader reads it out of a kernel (course.notebooks.hidden)."""
     try:
         found = eval(snapshot_expression(name), namespace)  # noqa: S307 - the grader's own expression
     except Exception as err:  # the kernel's reply would carry the same error name
@@ -183,8 +183,8 @@ def _run_cell(source: str, namespace: dict[str, Any]) -> None:
 def grade_notebook(nb: Mapping[str, Any], student: str | None = None,
                    data: Mapping[str, Any] | None = None) -> Any:
     """Grade a notebook (parsed JSON) as ``student`` (default: this learner's id) and
-    return :class:`course.selfcheck.Report`."""
-    from course.selfcheck import Challenge, Report
+    return :class:`course.apps.selfcheck.Report`."""
+    from course.apps.selfcheck import Challenge, Report
 
     data = _load_data() if data is None else data
     assignment, name = _match(nb, data)
@@ -229,7 +229,7 @@ def grade(path: str | os.PathLike[str], student: str | None = None) -> Any:
 
 def check_notebook(notebook: str | os.PathLike[str] | None = None) -> None:
     """Grade the saved copy of this notebook (or ``notebook``) and print the report, in
-    the words and layout of :func:`course.selfcheck.check_notebook`."""
-    from course.selfcheck import print_check
+    the words and layout of :func:`course.apps.selfcheck.check_notebook`."""
+    from course.apps.selfcheck import print_check
 
     print_check(notebook, grade, (ValueError, OSError))

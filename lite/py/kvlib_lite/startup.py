@@ -1,7 +1,7 @@
 """Run by IPython when the browser's kernel starts (``PYTHONSTARTUP``, set by the site).
 
 - The learner's id: the challenges draw each learner's own numbers from it
-  (:func:`kvlib.grading.student_id` reads ``$KVLIB_STUDENT_ID``). The page asks for it
+  (:func:`course.checks.student_id` reads ``$KVLIB_STUDENT_ID``). The page asks for it
   in a dialog of its own (``student-id.js``, added to the site's JupyterLab page) and
   keeps it in ``kvlib_student_id.txt`` at the top of the browser's file storage, which
   outlives the tab; before each cell that uses kvlib the kernel reads that file again,
@@ -17,7 +17,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from kvlib.grading import STUDENT_ENV
+from course.checks import STUDENT_ENV
 
 __all__ = ["ID_FILE", "LOCAL_ONLY", "install", "local_only_message", "stored_id"]
 

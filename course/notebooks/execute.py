@@ -3,11 +3,11 @@
 ``VerifiedExecute`` replaces nbgrader's ``Execute`` (``configure`` installs it):
 
 - answer and other cells run in the student's sandboxed kernel
-  (:mod:`course.sandbox`), which draws the challenge numbers for the
+  (:mod:`course.sandbox.kernel`), which draws the challenge numbers for the
   student being graded (``KVLIB_STUDENT_ID``);
 - a test cell (``grade`` and not ``solution``) never runs there: the values it
   reads are taken out of the kernel and the test runs in this process
-  (:mod:`course.hidden`), bound to the same student;
+  (:mod:`course.notebooks.hidden`), bound to the same student;
 - a cell's output is kept up to ``max_output_bytes`` characters; the rest is
   dropped with a note and an ``output truncated`` flag, and the cell runs on:
   a verbose but honest cell keeps its points (its error output, if it raises,
@@ -18,7 +18,7 @@
   cell and the names it would have set;
 - the whole notebook gets ``notebook_timeout`` seconds: cells after that are
   not run and their tests fail, saying why;
-- every such event is also recorded as a flag (:mod:`course.flags`)
+- every such event is also recorded as a flag (:mod:`course.notebooks.flags`)
   for the export and the feedback.
 """
 
@@ -38,11 +38,12 @@ from traitlets import Bool, Float, Integer
 
 # Imported now, before any student kernel starts: the checks this process runs
 # are the copies on disk at start-up, whatever a kernel writes later.
-import kvlib.grading
+import course.checks
 import kvlib.sizing
 import kvlib.units
-from course.flags import add_flag
-from course.hidden import (
+from course.checks import DEFAULT_STUDENT, STUDENT_ENV, grading_student
+from course.notebooks.flags import add_flag
+from course.notebooks.hidden import (
     Unreadable,
     Verdict,
     free_names,
@@ -50,9 +51,8 @@ from course.hidden import (
     run_hidden_test,
     snapshot_expression,
 )
-from course.limits import Limits
-from course.sandbox import SandboxedKernelManager
-from kvlib.grading import DEFAULT_STUDENT, STUDENT_ENV, grading_student
+from course.sandbox.kernel import SandboxedKernelManager
+from course.sandbox.limits import Limits
 
 __all__ = [
     "OUTPUT_TRUNCATED",
@@ -63,7 +63,7 @@ __all__ = [
     "is_test_cell",
 ]
 
-_PRELOADED = (kvlib.grading, kvlib.sizing, kvlib.units)
+_PRELOADED = (course.checks, kvlib.sizing, kvlib.units)
 # Cells the grader never runs, whatever their tags say (the self-check cell would
 # start a grader inside the kernel).
 SKIPPED_IDS = frozenset({"self_check"})
@@ -169,7 +169,7 @@ class VerifiedExecute(Execute):  # type: ignore[misc]
 
     def create_kernel_manager(self) -> Any:
         """nbclient's kernel manager, told this executor's output cap: a sandboxed kernel
-        drops printed text past it as it is printed (:func:`course.limits.kernel_boot`)."""
+        drops printed text past it as it is printed (:func:`course.sandbox.limits.kernel_boot`)."""
         km = super().create_kernel_manager()
         if isinstance(km, SandboxedKernelManager):
             km.max_output_bytes = self.max_output_bytes

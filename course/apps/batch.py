@@ -1,12 +1,12 @@
 """``make grade ASSIGNMENT=name``: grade a whole class on every core, then export.
 
-``python -m course.batch ASSIGNMENT [--jobs N] [--force] [--student ID] [--scheduler ADDR]``
+``python -m course.apps.batch ASSIGNMENT [--jobs N] [--force] [--student ID] [--scheduler ADDR]``
 run from the course folder:
 
-0. takes the course's grading lock (:mod:`course.runlock`): a second run refuses at
+0. takes the course's grading lock (:mod:`course.apps.runlock`): a second run refuses at
    once, naming the running one, or with ``--wait`` waits for it; then regrades from
    the submission every student a killed or failed run left half-done, and every
-   submission changed since it was graded (:mod:`course.records`);
+   submission changed since it was graded (:mod:`course.apps.records`);
 1. puts the assignment into the gradebook when it is missing: nbgrader's
    ``generate_assignment`` reads ``solutions/`` in a scratch folder, so the committed
    ``exercises/`` are never written (they are ``make release``'s; a course with no
@@ -18,11 +18,11 @@ run from the course folder:
    outside the kernel), so the results are those of a serial
    ``nbgrader autograde ASSIGNMENT``; only the order of work differs;
 3. writes each student's feedback (``feedback/``), then ``grades.csv`` with a
-   ``flags`` column (:mod:`course.flags`).
+   ``flags`` column (:mod:`course.notebooks.flags`).
 
 With ``--scheduler tcp://host:8786`` (or ``$KVLIB_DASK_SCHEDULER``; ``make grade
 ... SCHEDULER=...``) step 2 runs on that Dask cluster and feedback comes back
-from it (:mod:`course.cluster`); this process alone writes the gradebook,
+from it (:mod:`course.apps.cluster`); this process alone writes the gradebook,
 ``autograded/``, ``feedback/`` and ``grades.csv``. A scheduler that cannot be
 reached is one line naming its address, and exit status 2.
 
@@ -54,10 +54,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from course import records
-from course.repair import set_aside
-from course.runlock import Busy, grading_lock
-from course.scratch import NbgraderError, course_root
+from course.apps import records
+from course.apps.runlock import Busy, grading_lock
+from course.apps.scratch import NbgraderError, course_root
+from course.notebooks.repair import set_aside
 
 __all__ = [
     "Outcome",
@@ -171,7 +171,7 @@ def _export() -> None:
     """``grades.csv`` in the course folder (the course's export plugin, with flags)."""
     from nbgrader.api import Gradebook
 
-    from course.flags import FlaggedCsvExport
+    from course.notebooks.flags import FlaggedCsvExport
 
     with Gradebook(_API.coursedir.db_url) as gb:
         FlaggedCsvExport(parent=_API, to=str(Path(_API.coursedir.root) / "grades.csv")).export(gb)
@@ -283,7 +283,7 @@ def _grade_on(
     graded: list[Outcome],
 ) -> list[Outcome]:
     """The body of :func:`grade_class_on_cluster`, run from the course folder."""
-    from course.cluster import grade_on_cluster
+    from course.apps.cluster import grade_on_cluster
 
     def prepare() -> None:  # while the workers grade
         if message := _prepare(assignment):
@@ -339,7 +339,7 @@ def _log(root: Path, task: str, outcome: Outcome) -> None:
 
 def _sandbox_missing(root: Path) -> bool:
     """Whether the course requires the sandbox and bubblewrap cannot provide it here."""
-    from course.sandbox import MODE_ENV, bwrap_available
+    from course.sandbox.kernel import MODE_ENV, bwrap_available
 
     configured = _course_config(root).SandboxedKernelManager.get("mode", "auto")
     return os.environ.get(MODE_ENV, configured) == "require" and not bwrap_available()
@@ -354,7 +354,7 @@ def _ensure_path() -> None:
 
 def _on_cluster(args: argparse.Namespace, root: Path, students: list[str],
                 regrade: frozenset[str], outcomes: list[Outcome]) -> list[Outcome]:
-    from course.cluster import connect
+    from course.apps.cluster import connect
 
     client = connect(args.scheduler)
     try:
@@ -379,7 +379,7 @@ def _on_cluster(args: argparse.Namespace, root: Path, students: list[str],
 
 
 def _parser() -> argparse.ArgumentParser:
-    from course.cluster import SCHEDULER_ENV
+    from course.apps.cluster import SCHEDULER_ENV
 
     parser = argparse.ArgumentParser(prog="make grade", description=__doc__.splitlines()[0])
     parser.add_argument("assignment", help="an assignment folder of solutions/, e.g. 01_kv_cache")
@@ -488,7 +488,7 @@ def _grade_until_stable(args: argparse.Namespace, root: Path, students: list[str
 
 def main(argv: list[str] | None = None) -> int:
     # Dask itself is imported only when a scheduler is given.
-    from course.cluster import SchedulerUnreachable
+    from course.apps.cluster import SchedulerUnreachable
 
     parser = _parser()
     args = parser.parse_args(argv)

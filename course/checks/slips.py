@@ -6,7 +6,7 @@ for KiB and KB, ``L`` for one layer and all, ``H / H_kv`` for query and KV
 heads. A hint never contains the right value (learners see it in their
 feedback), only the ratio and the name of the slip.
 
-This module imports nothing beyond the standard library: :mod:`kvlib.grading`,
+This module imports nothing beyond the standard library: :mod:`course.checks`,
 which graded notebooks import, uses it.
 """
 

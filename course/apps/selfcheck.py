@@ -6,7 +6,7 @@ a throwaway course directory: ``generate_assignment``, submit the notebook as
 one student, ``autograde``.
 Scores come from nbgrader's gradebook, hints from the hidden tests' messages.
 The student is the one whose numbers the notebook drew
-(:func:`kvlib.grading.student_id`).
+(:func:`course.checks.student_id`).
 
 ``--json`` prints ``{"score", "max_score", "challenges": [{"name", "score",
 "max_score", "hint"}]}``.
@@ -114,7 +114,7 @@ def _grade_ids(nb: Any) -> set[str]:
 
 def _match(nb: Any, root: Path, path: Path) -> tuple[str, str]:
     """(assignment, source notebook name) sharing the most cell ids with ``nb``."""
-    from course.scratch import assignment_ids
+    from course.apps.scratch import assignment_ids
 
     ids = _grade_ids(nb)
     best: tuple[int, str, str] | None = None
@@ -144,9 +144,9 @@ def grade(notebook: str | Path, *, timeout_s: int = 30) -> Report:
     """Autograde ``notebook`` against its assignment's source; raise SelfCheckError."""
     from nbgrader.api import Gradebook
 
-    from course.autograde import is_test_cell
-    from course.scratch import course_root, make_course, nbgrader_api, scripts_on_path
-    from kvlib.grading import STUDENT_ENV, student_id
+    from course.apps.autograde import is_test_cell
+    from course.apps.scratch import course_root, make_course, nbgrader_api, scripts_on_path
+    from course.checks import STUDENT_ENV, student_id
 
     path = Path(notebook)
     nb = _read(path)

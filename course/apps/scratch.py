@@ -3,7 +3,7 @@
 Used by ``scripts/release.py`` (generate ``exercises/``), ``kvlib grade``
 (self-check one notebook) and the grading tests and benchmark. Each course is
 a temporary directory with a copy of ``solutions/<assignment>`` and an
-``nbgrader_config.py`` that applies ``course.autograde.configure``.
+``nbgrader_config.py`` that applies ``course.apps.autograde.configure``.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
-from course.limits import Limits
+from course.sandbox.limits import Limits
 
 __all__ = [
     "NbgraderError",
@@ -31,8 +31,8 @@ __all__ = [
 
 _CONFIG = '''"""Throwaway course: the same settings as the repository's nbgrader_config.py."""
 
-from course.autograde import configure
-from course.limits import Limits
+from course.apps.autograde import configure
+from course.sandbox.limits import Limits
 
 c = get_config()  # noqa: F821
 configure(

@@ -16,11 +16,11 @@ Three mechanisms, each covering what the others cannot:
   or the task limit: per-process limits alone would let a kernel fork its way
   to ``processes x memory``.
 - Size-limited tmpfs mounts for every writable path (``Limits.scratch_bytes``,
-  applied in :mod:`course.sandbox`): tmpfs pages are not counted in any
+  applied in :mod:`course.sandbox.kernel`): tmpfs pages are not counted in any
   process's memory, so they must be capped where they are mounted.
 
 Output per cell and the whole notebook's wall time are limited on the
-grader's side, where the output arrives (:mod:`course.execute`): output past
+grader's side, where the output arrives (:mod:`course.notebooks.execute`): output past
 the cap is dropped with a note, and the cell runs on. The kernel runs from
 :func:`kernel_boot` (:func:`kernel_argv`), so that a long print arrives as
 many small messages, never one above the largest message the grader accepts,
@@ -118,7 +118,7 @@ os.execv(spec["argv"][0], spec["argv"])
 
 # Characters of printed text per stream message. ipykernel sends whatever a cell printed
 # between two flushes (every 0.2 s) as one message: one print of 20 MB is one 20 MB
-# message, which the grader refuses whole (course.sandbox's max_message_bytes).
+# message, which the grader refuses whole (course.sandbox.kernel's max_message_bytes).
 STREAM_CHUNK_CHARS = 64 * 1024
 
 # ipykernel_launcher's own steps (cwd off sys.path while ipykernel loads), with stdout and

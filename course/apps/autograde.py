@@ -5,12 +5,12 @@
 grading path with this package's:
 
 - submissions are read and repaired by ``RepairingExporter``
-  (:mod:`course.intake`): one malformed notebook never stops a batch;
+  (:mod:`course.notebooks.intake`): one malformed notebook never stops a batch;
 - cells run in a sandboxed, resource-limited kernel and hidden tests run in
-  the grader's process (``VerifiedExecute``, :mod:`course.execute`);
+  the grader's process (``VerifiedExecute``, :mod:`course.notebooks.execute`);
 - what was repaired or could not run is flagged: in the gradebook, the
   feedback (which shows no hidden test) and ``grades.csv``
-  (:mod:`course.flags`);
+  (:mod:`course.notebooks.flags`);
 - the gradebook is SQLite in the course folder, or the database named by
   ``$KVLIB_GRADEBOOK_URL`` (e.g. ``postgresql://grader@db.example/course``).
 """
@@ -34,10 +34,10 @@ from nbgrader.preprocessors import (
     SaveAutoGrades,
 )
 
-from course.execute import VerifiedExecute, is_test_cell
-from course.flags import FlaggedCsvExport, FlagsInFeedback, RecordFlags
-from course.intake import CheckCellMetadata, RepairingExporter
-from course.limits import CELL_TIMEOUT_S, Limits
+from course.notebooks.execute import VerifiedExecute, is_test_cell
+from course.notebooks.flags import FlaggedCsvExport, FlagsInFeedback, RecordFlags
+from course.notebooks.intake import CheckCellMetadata, RepairingExporter
+from course.sandbox.limits import CELL_TIMEOUT_S, Limits
 
 __all__ = [
     "CELL_TIMEOUT_S",
@@ -68,7 +68,7 @@ def configure(
     ``sandbox`` is the kernel sandbox mode: ``require`` (grading a class),
     ``auto`` (self-check on a learner's machine) or ``off`` (release only).
     ``timeout_s`` is the per-cell timeout, ``limits`` the kernel's resource
-    limits (default :class:`~course.limits.Limits`), ``db_url`` the
+    limits (default :class:`~course.sandbox.limits.Limits`), ``db_url`` the
     gradebook (default ``$KVLIB_GRADEBOOK_URL``, else ``gradebook.db`` here).
     """
     root = os.path.abspath(course_root)

@@ -1,6 +1,6 @@
 """Run a hidden test outside the student's kernel, on values read out of it.
 
-Student code owns its kernel: it can replace ``kvlib.grading.expect``, hook
+Student code owns its kernel: it can replace ``course.checks.expect``, hook
 imports, install an exception handler that hides every failure, or rewrite
 cells before they run. So the grader never runs a test cell there. It asks
 the kernel only for the plain values of the names the test reads (type name
@@ -20,7 +20,7 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from kvlib.grading import describe_type_problem
+from course.checks import describe_type_problem
 
 __all__ = [
     "Unreadable",

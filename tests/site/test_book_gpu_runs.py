@@ -1,4 +1,4 @@
-"""course.gpu_runs: a run's JSON read back, partial or whole, and only if a GPU timed it."""
+"""course.book.gpu_runs: a run's JSON read back, partial or whole, and only if a GPU timed it."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from course import gpu_runs as records
+from course.book import gpu_runs as records
 from kvlib.timing import TimingResult
 from kvlib.timing.workloads import Kernel
 

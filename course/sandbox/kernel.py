@@ -2,15 +2,15 @@
 
 The sandbox is built from an empty root, not from a read-only view of the
 host: only the system directories (``/usr``, ``/etc``, the ``/lib`` links),
-the Python installation, the virtual environment and the ``kvlib`` package
-are mounted, read-only. The course (``solutions/``, the gradebook, other
-students' work), home directories, ``/run`` (database and other Unix
-sockets) and the host's ``/tmp`` simply do not exist inside. Writable paths
-are size-limited tmpfs mounts: ``/tmp``, ``/dev/shm`` and the notebook's
-folder, which holds read-only views of the assignment's own files and
-nothing a student submitted besides the notebook (a submitted symbolic link
-could otherwise smuggle in any file the grader can read). Nothing the kernel
-writes reaches the host's disk.
+the Python installation, the virtual environment and the ``kvlib`` and
+``course`` packages (code only) are mounted, read-only. The course's data
+(``solutions/``, the gradebook, other students' work), home directories,
+``/run`` (database and other Unix sockets) and the host's ``/tmp`` simply do
+not exist inside. Writable paths are size-limited tmpfs mounts: ``/tmp``,
+``/dev/shm`` and the notebook's folder, which holds read-only views of the
+assignment's own files and nothing a student submitted besides the notebook (a
+submitted symbolic link could otherwise smuggle in any file the grader can
+read). Nothing the kernel writes reaches the host's disk.
 
 The network, pids, IPC and hostname are unshared, so the kernel talks to the
 grader over Unix sockets (ZeroMQ ``ipc``) in a tmpfs inside the sandbox; the
@@ -18,7 +18,7 @@ grader reaches them through ``/proc/<pid>/root`` of the sandbox's init, via
 a symbolic link it updates at each (re)start. The environment is cleared
 (the grader's own variables may hold database passwords) and rebuilt.
 
-Limits (:mod:`course.limits`): rlimits set by a launcher inside the
+Limits (:mod:`course.sandbox.limits`): rlimits set by a launcher inside the
 sandbox, as an unprivileged uid of the kernel's own when the grader runs as
 root (bubblewrap then keeps every capability, which would let student code
 unmount the sandbox), and a watchdog thread summing the sandbox's memory.
@@ -47,15 +47,18 @@ from jupyter_client.manager import AsyncKernelManager
 from traitlets import Float, Integer, Unicode
 
 import kvlib
-from course.limits import Limits, Watchdog, kernel_argv, kernel_uid, launcher_argv
-from course.mounts import Mounts, outermost, python_paths, system_argv
-from kvlib.grading import STUDENT_ENV
+from course.checks import STUDENT_ENV
+from course.sandbox.limits import Limits, Watchdog, kernel_argv, kernel_uid, launcher_argv
+from course.sandbox.mounts import Mounts, outermost, python_paths, system_argv
 
 __all__ = ["MODE_ENV", "SandboxError", "SandboxedKernelManager", "bwrap_available"]
 
 MODE_ENV = "KVLIB_GRADING_SANDBOX"
 # The package student code imports, mounted read-only (never the folder around it).
 _KVLIB = Path(kvlib.__file__).resolve().parent
+# The answer checks a notebook imports (course.checks) live in the course package: it is
+# code only (solutions/ and the gradebook are beside it, and stay out).
+_COURSE = Path(__file__).resolve().parents[1]
 _DEFAULTS = Limits()
 
 
@@ -180,8 +183,10 @@ class SandboxedKernelManager(AsyncKernelManager):
             "MPLCONFIGDIR": "/tmp/.matplotlib",
             "MPLBACKEND": "Agg",
             "PYTHONDONTWRITEBYTECODE": "1",
-            # The kvlib the grader runs (and mounts), whichever checkout it came from.
-            "PYTHONPATH": str(_KVLIB.parent),
+            # The kvlib and course the grader runs (and mounts), whichever checkout they
+            # came from.
+            "PYTHONPATH": os.pathsep.join(dict.fromkeys([str(_KVLIB.parent),
+                                                         str(_COURSE.parent)])),
             "PYDEVD_DISABLE_FILE_VALIDATION": "1",
             "MALLOC_ARENA_MAX": "2",
             "OMP_NUM_THREADS": "1",
@@ -201,8 +206,9 @@ class SandboxedKernelManager(AsyncKernelManager):
             return cmd
         launch_cwd = (self._launch_args or {}).get("cwd")
         cwd = Path(str(launch_cwd) if launch_cwd else os.getcwd()).resolve()
-        # kvlib alone: the checkout around it holds solutions/ and the gradebook.
-        readable = outermost([*python_paths(), _KVLIB])
+        # kvlib and course alone: the checkout around them holds solutions/ and the
+        # gradebook.
+        readable = outermost([*python_paths(), _KVLIB, _COURSE])
         limits = self.limits
         mounts = Mounts()
         mounts.add(["--size", str(1 << 20), "--perms", "1777", "--tmpfs"], Path("/dev/shm"))

@@ -227,8 +227,8 @@ import json
 
 from traitlets.config import Config
 
-from course.autograde import configure
-from course.cluster import TemplateCachingHTMLExporter
+from course.apps.autograde import configure
+from course.apps.cluster import TemplateCachingHTMLExporter
 
 c = get_config()  # noqa: F821
 configure(c, {root!r}, db_url={db_url!r})
@@ -269,7 +269,7 @@ def _scratch(assignment: Assignment) -> tuple[Path, Any]:
     gradebook) on first use, then kept for every student of the assignment."""
     if assignment.digest in _SCRATCH:
         return _SCRATCH[assignment.digest]
-    from course.scratch import nbgrader_api, scripts_on_path
+    from course.apps.scratch import nbgrader_api, scripts_on_path
 
     root = Path(tempfile.mkdtemp(prefix=f"kvlib-worker-{assignment.digest}-",
                                  dir=_worker_folder()))
@@ -305,7 +305,7 @@ def grade_remotely(
     """Autograde one student (and give feedback) in this worker's scratch course.
 
     ``set_aside``: the paths of the submission that were links or special files on the
-    client (never sent): they are flagged here as there (:mod:`course.intake`).
+    client (never sent): they are flagged here as there (:mod:`course.notebooks.intake`).
     """
     with _ONE_AT_A_TIME:
         return _grade_here(assignment, student, submitted, feedback, set_aside)
@@ -326,8 +326,8 @@ def _grade_here(
     assignment: Assignment, student: str, submitted: dict[str, bytes], feedback: bool,
     set_aside: tuple[str, ...],
 ) -> Graded:
-    from course.repair import SET_ASIDE
-    from course.scratch import scripts_on_path
+    from course.apps.scratch import scripts_on_path
+    from course.notebooks.repair import SET_ASIDE
 
     start, cpu = time.perf_counter(), time.process_time()
     root, api = _scratch(assignment)
@@ -397,7 +397,7 @@ class Task:
 def task_of(root: Path, assignment: str, student: str) -> Task:
     """What is sent for ``student``: the submission's regular files, and the names of its
     links and special files (still in place, or set aside by ``make grade``)."""
-    from course.repair import SET_ASIDE, unsafe_files
+    from course.notebooks.repair import SET_ASIDE, unsafe_files
 
     folder = root / "submitted" / student / assignment
     aside = folder.parent / SET_ASIDE / assignment
@@ -526,7 +526,7 @@ class Recorder:
         outputs, comments), ``AssignLatePenalties``' rule, and the course's flagged mark."""
         from nbconvert.preprocessors import Preprocessor
 
-        from course.flags import flags_of
+        from course.notebooks.flags import flags_of
 
         gb = self.gradebook
         resources = {"nbgrader": {"student": student, "assignment": assignment,

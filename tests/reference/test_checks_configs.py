@@ -15,8 +15,8 @@ import json
 import pytest
 import refmodels
 
+from course.checks import config_text, sliding_config
 from kvlib.config import from_dict
-from kvlib.grading import config_text, sliding_config
 from kvlib.sizing import kv_bytes, kv_bytes_by_layer
 
 pytestmark = pytest.mark.reference

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 import torch
 
-from course import gpu_runs as records
+from course.book import gpu_runs as records
 from kvlib.units import MiB
 
 ROOT = Path(__file__).resolve().parents[2]

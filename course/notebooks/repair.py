@@ -4,10 +4,10 @@ One malformed submission must not stop a class's batch (nbgrader aborts the
 whole run on a duplicated nbgrader cell, because its deduplication leaves
 metadata that fails its own schema check). :func:`repair_notebook` turns any
 file into a notebook nbgrader can grade, repairing where the intent is clear
-and saying what it did, in flags (:mod:`course.flags`) that reach the
+and saying what it did, in flags (:mod:`course.notebooks.flags`) that reach the
 export and the student's feedback:
 
-- stored outputs are dropped as the file is read (:mod:`course.stored`):
+- stored outputs are dropped as the file is read (:mod:`course.notebooks.stored`):
   nbgrader clears them before it runs the notebook, so they are not the
   student's graded work, and a notebook is only too large
   (``MAX_NOTEBOOK_BYTES``) by what is graded: sources, metadata, attachments.
@@ -42,7 +42,7 @@ from typing import Any, BinaryIO
 import nbformat as _nbformat
 from nbformat import NotebookNode
 
-from course.stored import KeptTooLarge, strip_outputs
+from course.notebooks.stored import KeptTooLarge, strip_outputs
 from kvlib.units import GiB, MiB
 
 # nbformat is only partly typed: use it untyped here.

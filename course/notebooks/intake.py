@@ -6,14 +6,14 @@ so plain ``nbgrader autograde`` and ``make grade`` read submissions alike).
 In nbgrader's first pass over a submission ("sanitizing") it:
 
 - reads the file as a stream, its stored outputs dropped, and repairs it
-  against the released notebook (:func:`course.repair.repair_notebook`),
+  against the released notebook (:func:`course.notebooks.repair.repair_notebook`),
   recording what it did as flags in the notebook's metadata, replacing any
   flags the file carried;
 - removes, from the graded copy of the submission folder, every file the
   student submitted as a symbolic link or special file (nbgrader copies the
   link's target, which could be any file the grader can read), and flags it;
   ``make grade`` moves such entries aside before nbgrader sees them
-  (:func:`course.repair.set_aside`), and they are flagged the same way.
+  (:func:`course.notebooks.repair.set_aside`), and they are flagged the same way.
 
 In the second pass it reads the sanitized notebook it wrote, flags intact.
 """
@@ -35,8 +35,8 @@ from nbformat import NotebookNode
 from nbgrader.nbgraderformat import common as _format
 from nbgrader.preprocessors import CheckCellMetadata as _NbgraderCheck
 
-from course.flags import add_flag
-from course.repair import SET_ASIDE, repair_notebook, unsafe_files
+from course.notebooks.flags import add_flag
+from course.notebooks.repair import SET_ASIDE, repair_notebook, unsafe_files
 
 __all__ = ["CheckCellMetadata", "RepairingExporter", "release_notebook"]
 

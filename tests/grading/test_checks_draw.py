@@ -1,4 +1,4 @@
-"""kvlib.grading.draw: each student's own numbers, the same in the prompt and the hidden test."""
+"""course.checks.draw: each student's own numbers, the same in the prompt and the hidden test."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from kvlib.grading import (
+from course.checks import (
     DEFAULT_STUDENT,
     STUDENT_ENV,
     Numbers,
@@ -74,7 +74,7 @@ def test_hub_user_then_self_study(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_a_kernel_draws_what_the_grader_draws() -> None:
     """The student's kernel (a separate process, id from the environment) and the grader's
     binding give the same numbers."""
-    code = "from kvlib.grading import numbers; print(dict(numbers('ch/x', layers=range(99))))"
+    code = "from course.checks import numbers; print(dict(numbers('ch/x', layers=range(99))))"
     env = {"PATH": "/usr/bin:/bin", STUDENT_ENV: "alice"}
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
     with grading_student("alice"):

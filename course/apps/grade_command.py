@@ -2,7 +2,7 @@
 
 kvlib never imports the course: its command line loads the subcommands other
 packages declare in the ``kvlib.commands`` entry-point group (``pyproject.toml``
-declares this module's :func:`register` there). ``python -m course.grade_command
+declares this module's :func:`register` there). ``python -m course.apps.grade_command
 NOTEBOOK [--json]`` runs the same check without the entry point (``make check``).
 """
 
@@ -13,7 +13,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from course import selfcheck
+from course.apps import selfcheck
 
 __all__ = ["main", "register", "run"]
 
@@ -36,7 +36,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m course.grade_command NOTEBOOK [--json]``: ``kvlib grade`` itself."""
+    """``python -m course.apps.grade_command NOTEBOOK [--json]``: ``kvlib grade`` itself."""
     parser = argparse.ArgumentParser(prog="kvlib")
     register(parser.add_subparsers(dest="command", required=True, metavar="COMMAND"))
     return run(parser.parse_args(["grade", *(sys.argv[1:] if argv is None else argv)]))

@@ -11,7 +11,7 @@ while it grades:
   killed run's lock is free at once; the file still names that run (a run
   that ends cleanly empties it), which is how the next run knows a run was
   killed: it says so, takes the lock over, and repairs what was left
-  (:mod:`course.records`);
+  (:mod:`course.apps.records`);
 - a **PostgreSQL advisory lock** on the gradebook's server when the gradebook
   is PostgreSQL, for runs from other machines. The server drops it when the
   holder's connection ends; the holder is named by its connection's

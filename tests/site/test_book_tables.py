@@ -1,10 +1,10 @@
-"""course.tables: the MyST tables the book's pages glue."""
+"""course.book.tables: the MyST tables the book's pages glue."""
 
 from __future__ import annotations
 
 import pytest
 
-from course.tables import markdown_table
+from course.book.tables import markdown_table
 
 
 def test_first_column_left_others_right_aligned() -> None:

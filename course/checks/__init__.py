@@ -2,7 +2,7 @@
 
 ``expect(answer, expected, ...)`` passes silently when ``answer`` is within the
 stated tolerance of ``expected``. Otherwise its ``AssertionError`` names the
-most likely slip (:mod:`kvlib.grading.slips`): a wrong value the challenge lists
+most likely slip (:mod:`course.checks.slips`): a wrong value the challenge lists
 in ``mistakes``, or a generic factor between the answer and the right value.
 The message never contains ``expected`` (learners see it in their feedback),
 only the learner's own answer and the name of the mistake.
@@ -12,8 +12,8 @@ accepts exactly what ``expect`` accepts (``real_value`` and the whole-number
 rule), so it never refuses an answer the hidden test would grade right.
 
 ``numbers(challenge, **choices)`` gives each student their own numbers for a
-challenge (:mod:`kvlib.grading.draw`); ``sliding_config`` builds a student's
-own ``config.json`` from them (:mod:`kvlib.grading.configs`).
+challenge (:mod:`course.checks.draw`); ``sliding_config`` builds a student's
+own ``config.json`` from them (:mod:`course.checks.configs`).
 
 This module and the submodules it imports use nothing beyond the standard
 library: graded notebooks import it, and grading must stay fast.
@@ -25,8 +25,8 @@ import math
 import sys
 from collections.abc import Mapping
 
-from kvlib.grading.configs import config_text, sliding_config
-from kvlib.grading.draw import (
+from course.checks.configs import config_text, sliding_config
+from course.checks.draw import (
     DEFAULT_STUDENT,
     STUDENT_ENV,
     Numbers,
@@ -34,7 +34,7 @@ from kvlib.grading.draw import (
     numbers,
     student_id,
 )
-from kvlib.grading.slips import Mistake, diagnose, named_slips
+from course.checks.slips import Mistake, diagnose, named_slips
 
 __all__ = [
     "DEFAULT_STUDENT",
@@ -56,9 +56,9 @@ __all__ = [
 ]
 
 # What hidden tests may import from kvlib: modules of the standard library alone,
-# loaded by the grader before any student kernel starts (course.autograde).
+# loaded by the grader before any student kernel starts (course.apps.autograde).
 HIDDEN_TEST_MODULES = (
-    "kvlib.grading",
+    "course.checks",
     "kvlib.units",
     "kvlib.dtypes",
     "kvlib.hardware",

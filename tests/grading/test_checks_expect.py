@@ -1,4 +1,4 @@
-"""kvlib.grading: which answers pass, which are refused, and the mistake each wrong one names."""
+"""course.checks: which answers pass, which are refused, and the mistake each wrong one names."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import pytest
 from hypothesis import assume, given
 from hypothesis import strategies as st
 
-from kvlib.grading import describe_type_problem, diagnose, expect, plausible, real_value
+from course.checks import describe_type_problem, diagnose, expect, plausible, real_value
 
 # Chapter 1's worked example: 40 layers, 8 KV heads,
 # 128 dims, 2 bytes -> 163,840 bytes per token. Written out, not from kvlib.
@@ -301,8 +301,8 @@ def test_describe_type_problem_mentions_unit() -> None:
 
 
 def test_import_is_light() -> None:
-    """Graded notebooks import kvlib.grading: it must not pull in torch or numpy."""
-    code = "import sys, kvlib.grading; print(sorted({'torch', 'numpy'} & set(sys.modules)))"
+    """Graded notebooks import course.checks: it must not pull in torch or numpy."""
+    code = "import sys, course.checks; print(sorted({'torch', 'numpy'} & set(sys.modules)))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
 
