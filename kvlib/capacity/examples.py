@@ -24,7 +24,14 @@ from kvlib.capacity.scenario import Scenario
 from kvlib.config import ModelConfig, load_config
 from kvlib.hardware import get_gpu
 
-__all__ = ["BundledScenario", "bundled_scenarios", "document_assistant", "retrieval_heavy"]
+__all__ = [
+    "BUNDLED_NAMES", "BundledScenario", "bundled_scenarios", "document_assistant",
+    "retrieval_heavy",
+]
+
+# The names of :func:`bundled_scenarios`, in its order: what a command line lists without
+# reading three model configs to build them.
+BUNDLED_NAMES = ("document assistant", "retrieval-heavy")
 
 
 @dataclass(frozen=True)
@@ -58,9 +65,10 @@ def retrieval_heavy() -> Scenario:
 def bundled_scenarios() -> tuple[BundledScenario, ...]:
     """Every scenario the course bundles, each with its alternative model."""
     oss = load_config("gpt-oss-20b")
+    assistant, retrieval = BUNDLED_NAMES
     return (
-        BundledScenario("document assistant", "KV-bound: the steps are memory-bound",
+        BundledScenario(assistant, "KV-bound: the steps are memory-bound",
                         document_assistant(), oss),
-        BundledScenario("retrieval-heavy", "compute-bound: prefill arithmetic holds the steps",
+        BundledScenario(retrieval, "compute-bound: prefill arithmetic holds the steps",
                         retrieval_heavy(), oss),
     )

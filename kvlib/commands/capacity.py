@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kvlib.capacity.assessment import Capacity
-from kvlib.capacity.examples import bundled_scenarios
+from kvlib.capacity.examples import BUNDLED_NAMES, bundled_scenarios
 from kvlib.capacity.remedies import COST_TIERS, rank_remedies
 from kvlib.capacity.scenario import SERVING_MFU, ScenarioError
 from kvlib.commands import UsageError, emit, fail
@@ -57,7 +57,7 @@ class CapacityReport:
 
 def register(commands: Any) -> None:
     """Add ``kvlib capacity`` to the subcommands."""
-    names = [_key(b.name) for b in bundled_scenarios()]
+    names = [_key(name) for name in BUNDLED_NAMES]
     capacity = commands.add_parser(
         "capacity",
         help="chapter 7's remedies table: seats and tokens/s of each remedy, cheapest first",

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -89,6 +89,20 @@ class ModelConfig:
     dtype: str | None
     max_position_embeddings: int | None
     raw: Mapping[str, Any] = field(repr=False, compare=False)
+
+    def __hash__(self) -> int:
+        """The compared fields' hash, worked out once: the views cached per config
+        (:func:`kvlib.view.model_view`) look the config up on every call, and hashing
+        every layer's spec each time cost more than the lookups saved."""
+        cached: int | None = self.__dict__.get("_hash")
+        if cached is None:
+            cached = hash(tuple(getattr(self, f.name) for f in fields(self) if f.compare))
+            object.__setattr__(self, "_hash", cached)
+        return cached
+
+    def __getstate__(self) -> dict[str, Any]:
+        """Pickled without the cached hash: string hashes are salted per process."""
+        return {key: value for key, value in self.__dict__.items() if key != "_hash"}
 
     @property
     def layer_kinds(self) -> tuple[str, ...]:

@@ -48,6 +48,7 @@ a null block: the logged size counts it, its scheduler cannot use it.
 
 from __future__ import annotations
 
+import functools
 import re
 from collections import Counter
 from dataclasses import dataclass
@@ -163,15 +164,23 @@ def kv_cache_groups(
     cfg: ModelConfig, block_size: int = DEFAULT_BLOCK_SIZE, kv_dtype: str = "bf16", tp: int = 1
 ) -> list[KVCacheGroup]:
     """The KV cache groups vLLM forms for ``cfg`` (``get_kv_cache_groups``)."""
+    if isinstance(cfg, ModelConfig):  # frozen, so its groups can be kept
+        return list(_cached_groups(cfg, block_size, kv_dtype, tp))
+    return list(_kv_cache_groups(cfg, block_size, kv_dtype, tp))
+
+
+def _kv_cache_groups(
+    cfg: ModelConfig, block_size: int, kv_dtype: str, tp: int
+) -> tuple[KVCacheGroup, ...]:
     pages = layer_pages(cfg, block_size, kv_dtype, tp)
     first = pages[0]
     if all(p == first for p in pages):
-        return [KVCacheGroup(first.kind, first.span_tokens, block_size, first.page_bytes,
-                             len(pages))]
+        return (KVCacheGroup(first.kind, first.span_tokens, block_size, first.page_bytes,
+                             len(pages)),)
     if len({(p.kind, p.span_tokens) for p in pages}) == 1:
         # UniformTypeKVCacheSpecs: one group whose page is the sum of the layers' pages.
         total = sum(p.page_bytes for p in pages)
-        return [KVCacheGroup(first.kind, first.span_tokens, block_size, total, 1)]
+        return (KVCacheGroup(first.kind, first.span_tokens, block_size, total, 1),)
     # Mixed attention types: one page size for all, the smaller pages' block size grown.
     largest = max(p.page_bytes for p in pages)
     for p in pages:
@@ -186,12 +195,17 @@ def kv_cache_groups(
     counts = by_type.values()
     # Pad the smaller type rather than split the larger when the counts are close.
     group_size = max(counts) if max(counts) < 1.5 * min(counts) else min(counts)
-    return [  # layers[i::num_groups] of each type, as vLLM assigns them
+    return tuple(  # layers[i::num_groups] of each type, as vLLM assigns them
         KVCacheGroup(kind, window, block, largest, len(range(i, count, cdiv(count, group_size))))
         for (kind, window, block), count in by_type.items()
         for i in range(cdiv(count, group_size))
-    ]
+    )
 
+
+
+# A report asks for the same groups several times (the pool, the page, the budget per
+# request): worked out once per config, block size, dtype and tp.
+_cached_groups = functools.lru_cache(maxsize=256)(_kv_cache_groups)
 
 def parse_vllm_version(version: str) -> tuple[int, int, int]:
     """``(major, minor, patch)`` of a vLLM version string: ``0.19.0``, ``v0.19``,

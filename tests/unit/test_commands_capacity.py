@@ -10,7 +10,12 @@ from typing import Any
 import pytest
 
 from kvlib.capacity.assessment import assess
-from kvlib.capacity.examples import document_assistant, retrieval_heavy
+from kvlib.capacity.examples import (
+    BUNDLED_NAMES,
+    bundled_scenarios,
+    document_assistant,
+    retrieval_heavy,
+)
 from kvlib.cli import main
 from kvlib.commands.capacity import RemedyRow
 from kvlib.hardware import get_gpu
@@ -83,3 +88,17 @@ def test_bad_input_is_one_line(
     assert main(["capacity", *args]) == 2
     err = capsys.readouterr().err.strip()
     assert message in err and "\n" not in err
+
+
+def test_the_listed_scenarios_are_the_bundled_ones(capsys: pytest.CaptureFixture[str]) -> None:
+    """The command lists the scenarios without building them: the names it offers are
+    those bundled_scenarios builds, in its order, and each name runs."""
+    assert BUNDLED_NAMES == tuple(b.name for b in bundled_scenarios())
+    with pytest.raises(SystemExit):
+        main(["capacity", "--help"])
+    listed = capsys.readouterr().out
+    for name in BUNDLED_NAMES:
+        key = name.replace(" ", "_").replace("-", "_")
+        assert key in listed
+        assert main(["capacity", key, "--json"]) == 0
+        assert json.loads(capsys.readouterr().out)["rows"]
