@@ -93,7 +93,7 @@ def test_bad_input_is_one_line(
 def test_the_listed_scenarios_are_the_bundled_ones(capsys: pytest.CaptureFixture[str]) -> None:
     """The command lists the scenarios without building them: the names it offers are
     those bundled_scenarios builds, in its order, and each name runs."""
-    assert BUNDLED_NAMES == tuple(b.name for b in bundled_scenarios())
+    assert tuple(b.name for b in bundled_scenarios()) == BUNDLED_NAMES
     with pytest.raises(SystemExit):
         main(["capacity", "--help"])
     listed = capsys.readouterr().out
