@@ -217,12 +217,12 @@ def paged_decode(
 
     element = 1 if fp8 else int(kind.itemsize)
     moved = (
-        roofline.decode_attention_bytes(batch, heads, kv_heads, context_tokens, head_dim, element)
+        roofline.decode_kernel_bytes(batch, heads, kv_heads, context_tokens, head_dim, element)
         - 2 * batch * heads * head_dim * element  # q and the output: not the cache's width
         + 2 * batch * heads * head_dim * int(kind.itemsize)
         + table.numel() * 4
     )
-    flops = roofline.decode_attention_flops(batch, heads, context_tokens, head_dim)
+    flops = roofline.decode_kernel_flops(batch, heads, context_tokens, head_dim)
     layout = "contiguous" if block_size is None else f"blocks of {block_size}"
     text = (
         f"decode attention (Triton, block table read in place, {layout}): batch {batch}, "

@@ -28,8 +28,8 @@ from kvlib.step import step_time_from_counts
 __all__ = [
     "Machine",
     "copy_bytes_moved",
-    "decode_attention_bytes",
-    "decode_attention_flops",
+    "decode_kernel_bytes",
+    "decode_kernel_flops",
     "decode_bytes_from_sizes",
     "decode_step_flops",
     "decode_step_intensity",
@@ -112,8 +112,10 @@ def matmul_bytes(m: int, n: int, k: int, bytes_per_element: int) -> int:
     return (m * k + k * n + m * n) * bytes_per_element
 
 
-def decode_attention_flops(batch: int, heads: int, context_tokens: int, head_dim: int) -> int:
-    """``4 B H T d``: each of ``B x H`` query heads scores ``T`` keys and mixes ``T`` values.
+def decode_kernel_flops(batch: int, heads: int, context_tokens: int, head_dim: int) -> int:
+    """``4 B H T d``: one attention kernel of one layer, each of ``B x H`` query heads
+    scoring ``T`` keys and mixing ``T`` values (a whole model's decode attention, every
+    layer's kind counted, is :func:`kvlib.step.decode_attention_flops`).
 
     ``q . k`` for T keys is ``2 T d`` FLOPs and the weighted sum of T values
     another ``2 T d``; the softmax's few FLOPs per score are left out.
@@ -124,7 +126,7 @@ def decode_attention_flops(batch: int, heads: int, context_tokens: int, head_dim
     return 4 * batch * heads * context_tokens * head_dim
 
 
-def decode_attention_bytes(
+def decode_kernel_bytes(
     batch: int,
     heads: int,
     kv_heads: int,
@@ -137,7 +139,7 @@ def decode_attention_bytes(
     The ``H / H_kv`` query heads of a group share their KV head, so a kernel
     that reads each KV head once moves ``2 B H_kv T d`` elements of cache.
     """
-    decode_attention_flops(batch, heads, context_tokens, head_dim)  # checks those counts
+    decode_kernel_flops(batch, heads, context_tokens, head_dim)  # checks those counts
     require_int(kv_heads, "kv_heads", 1)
     if heads % kv_heads:
         raise ValueError(f"heads ({heads}) must be a multiple of kv_heads ({kv_heads})")
@@ -151,7 +153,7 @@ def decode_step_flops(active_params: int, batch: int) -> int:
     """``2 P B``: one decode step of ``B`` sequences, 2 FLOPs per active parameter per token.
 
     Attention's own ``4 L H T d`` per token is left out (see
-    :func:`decode_attention_flops`); it reads the cache, not the weights.
+    :func:`decode_kernel_flops`); it reads the cache, not the weights.
     """
     require_int(active_params, "active_params", 1)
     require_int(batch, "batch", 1)
@@ -216,8 +218,8 @@ def decode_step_s_per_operation(
     The weight matmuls (``2 B P`` FLOPs on ``W`` bytes) and attention (the ``B x KV``
     cache bytes, a few FLOPs each) run one after the other, so their times add; only
     within the matmuls do FLOPs and bytes overlap. Attention's intensity is
-    ``2 H / (H_kv b)`` FLOPs per byte at any batch (:func:`decode_attention_flops` over
-    :func:`decode_attention_bytes`), far below any GPU's ridge, so its term is its bytes.
+    ``2 H / (H_kv b)`` FLOPs per byte at any batch (:func:`decode_kernel_flops` over
+    :func:`decode_kernel_bytes`), far below any GPU's ridge, so its term is its bytes.
     The form of the scaling book's inference chapter (Austin et al., "How to Scale Your
     Model", 2025, "All about Transformer Inference"). The step model
     (:func:`kvlib.step.step_time_from_counts`) computes it, at the machine's full peak.

@@ -238,9 +238,9 @@ def decode_attention(
 
     if impl not in DECODE_IMPLS:
         raise ValueError(f"impl must be one of {', '.join(DECODE_IMPLS)}, got {impl!r}")
-    flops = roofline.decode_attention_flops(batch, heads, context_tokens, head_dim)
+    flops = roofline.decode_kernel_flops(batch, heads, context_tokens, head_dim)
     kind = torch_dtype(dtype)
-    moved = roofline.decode_attention_bytes(
+    moved = roofline.decode_kernel_bytes(
         batch, heads, kv_heads, context_tokens, head_dim, int(kind.itemsize)
     )
     where = resolve_device(device)
@@ -349,10 +349,10 @@ def paged_decode_attention_flex(
             warnings.filterwarnings("ignore", message=".*without torch.compile.*")
             return attend(q, k_pool, v_pool, block_mask=mask, enable_gqa=heads > kv_heads)
 
-    moved = roofline.decode_attention_bytes(
+    moved = roofline.decode_kernel_bytes(
         batch, heads, kv_heads, context_tokens, head_dim, int(kind.itemsize)
     ) + batch * (context_tokens // block_size) * 8
-    flops = roofline.decode_attention_flops(batch, heads, context_tokens, head_dim)
+    flops = roofline.decode_kernel_flops(batch, heads, context_tokens, head_dim)
     text = (
         f"paged decode attention (flex_attention + PagedAttention, read in place"
         f"{', compiled' if compile else ', eager'}): batch {batch}, {context_tokens:,} cached "

@@ -392,8 +392,8 @@ def test_intensity_of_decode_is_independent_of_batch() -> None:
     four = w.decode_attention(4, 64, 8, 2, 16, "fp32", "cpu")
     assert one.intensity_flops_per_byte == pytest.approx(four.intensity_flops_per_byte)
     assert one.flops / one.bytes_moved == pytest.approx(
-        roofline.decode_attention_flops(1, 8, 64, 16)
-        / roofline.decode_attention_bytes(1, 8, 2, 64, 16, 4)
+        roofline.decode_kernel_flops(1, 8, 64, 16)
+        / roofline.decode_kernel_bytes(1, 8, 2, 64, 16, 4)
     )
 
 

@@ -58,17 +58,17 @@ def test_counts() -> None:
     assert roofline.copy_bytes_moved(1000) == 2000
     assert roofline.matmul_flops(2, 3, 4) == 48
     assert roofline.matmul_bytes(2, 3, 4, 2) == (8 + 12 + 6) * 2
-    assert roofline.decode_attention_flops(2, 32, 4096, 128) == 4 * 2 * 32 * 4096 * 128
+    assert roofline.decode_kernel_flops(2, 32, 4096, 128) == 4 * 2 * 32 * 4096 * 128
     # Llama-3.1-8B-shaped attention, bf16: the cache dominates; q and output are 1/64 of it.
-    moved = roofline.decode_attention_bytes(1, 32, 8, 4096, 128, 2)
+    moved = roofline.decode_kernel_bytes(1, 32, 8, 4096, 128, 2)
     assert moved == 2 * 8 * 4096 * 128 * 2 + 2 * 32 * 128 * 2
 
 
 def test_decode_attention_intensity_is_two_per_group_per_element_byte() -> None:
     """FLOPs / cache bytes = 4 H T d / (2 H_kv T d b) = 2 (H / H_kv) / b, batch-free."""
     for batch in (1, 64):
-        flops = roofline.decode_attention_flops(batch, 32, 8192, 128)
-        moved = roofline.decode_attention_bytes(batch, 32, 8, 8192, 128, 2)
+        flops = roofline.decode_kernel_flops(batch, 32, 8192, 128)
+        moved = roofline.decode_kernel_bytes(batch, 32, 8, 8192, 128, 2)
         assert flops / moved == pytest.approx(2 * 4 / 2, rel=1e-3)
 
 
@@ -126,7 +126,7 @@ def test_long_contexts_never_reach_the_ridge() -> None:
         (lambda: roofline.copy_bytes_moved(0), "n_bytes"),
         (lambda: roofline.matmul_flops(1, 0, 1), "n must"),
         (lambda: roofline.matmul_bytes(1, 1, 1, True), "bytes_per_element"),
-        (lambda: roofline.decode_attention_bytes(1, 6, 4, 8, 8, 2), "multiple of kv_heads"),
+        (lambda: roofline.decode_kernel_bytes(1, 6, 4, 8, 8, 2), "multiple of kv_heads"),
         (lambda: roofline.ridge_batch(10, 20, -1.0), "ridge_flops_per_byte"),
         (lambda: H100.bound(0), "intensity"),
     ],
