@@ -24,13 +24,15 @@ with an independent computation in ``kvlib``.
 by grade id, the hidden tests among them, their points, the setup cell's names and
 each draw's right value. What only some chapters need is a parameter, not a copy:
 ``draws(exhaustive_up_to=...)`` samples a challenge with too many combinations to run
-them all (chapter 5), ``run(also_grade=True)`` lets the real ``expect`` grade the
+them all (chapters 3 and 5), ``run(also_grade=True)`` lets the real ``expect`` grade the
 reference answer as nbgrader would (chapter 6).
 
 The checks every chapter's sweep makes are written once, at the end:
 ``assert_solved_with_distinct_mistakes`` (each draw solved, each named mistake outside the
 tolerance and apart from the others, no hint quoting the answer),
-``assert_visible_check_accepts_right_answers`` and ``assert_prompts_draw_as_hidden_tests``.
+``assert_graded_as_named`` (the real ``expect`` passes the solution and names each
+mistake and the classic one), ``assert_visible_check_accepts_right_answers`` and
+``assert_prompts_draw_as_hidden_tests``.
 """
 
 from __future__ import annotations
@@ -57,6 +59,7 @@ from course.checks import Numbers
 ROOT = Path(__file__).resolve().parents[2]
 HIDDEN = re.compile(r"### BEGIN HIDDEN TESTS\n(.*?)### END HIDDEN TESTS", re.S)
 SOLUTION = re.compile(r"### BEGIN SOLUTION\n(.*?)### END SOLUTION", re.S)
+PLACEHOLDER = re.compile(r"(\w+) = \.\.\.")  # an answer cell's first line: ``name = ...``
 REAL_EXPECT = grading.expect  # before ``run`` replaces it with a recorder
 # The setup cell's import that ``Notebook.units`` leaves out: ``run`` supplies ``numbers``,
 # and a test that runs a visible check passes it ``plausible``.
@@ -87,6 +90,12 @@ class Notebook:
         names: dict[str, Any] = {}
         exec(self.cells["setup"].replace(_GRADING_IMPORT, ""), names)
         return names
+
+    def answer_name(self, grade_id: str) -> str:
+        """The name the answer cell of ``grade_id`` assigns (``factor`` for chapter 3's
+        ``reduction``): the placeholder line ``name = ...`` it opens with."""
+        found = PLACEHOLDER.match(self.cells[f"answer_{grade_id}"])
+        return found.group(1) if found else grade_id
 
     def hidden(self, grade_id: str) -> str:
         """The hidden test of the challenge ``grade_id``."""
@@ -198,12 +207,20 @@ class Graded:
 
 
 def graded_draws(
-    notebook: Notebook, grade_id: str, *, after_numbers_cell: bool = False
+    notebook: Notebook,
+    grade_id: str,
+    *,
+    after_numbers_cell: bool = False,
+    sample: int | None = None,
+    seed: int = 0,
 ) -> list[Graded]:
     """Every draw of ``grade_id``: its reference solution run, then graded by its hidden
     test. With ``after_numbers_cell`` the solution runs after the prompt's numbers cell
-    (where that cell defines names the solution uses, such as a config)."""
+    (where that cell defines names the solution uses, such as a config). With ``sample``,
+    a challenge of more draws than that is tried on ``sample`` of them, drawn with
+    ``seed``."""
     hidden = notebook.hidden(grade_id)
+    name = notebook.answer_name(grade_id)
     solution = SOLUTION.search(notebook.cells[f"answer_{grade_id}"])
     assert solution is not None, f"answer_{grade_id} has no solution"
     source = solution.group(1)
@@ -211,16 +228,17 @@ def graded_draws(
         source = notebook.cells[f"numbers_{grade_id}"] + "\n" + source
     challenge, options = choices(hidden)
     results = []
-    for draw in draws(challenge, options):
+    for draw in draws(challenge, options, exhaustive_up_to=sample, sample=sample or 0, seed=seed):
         with contextlib.redirect_stdout(io.StringIO()):
-            answer = run(source, draw, N=draw, **notebook.units)[grade_id]
-        graded = run(hidden, draw, **{grade_id: answer})["_expect"]
+            answer = run(source, draw, N=draw, **notebook.units)[name]
+        graded = run(hidden, draw, **{name: answer})["_expect"]
         kwargs = {k: v for k, v in graded.items() if k != "expected"}
         mistakes = list(graded["mistakes"].items())
         results.append(
             Graded(draw, answer, graded["expected"], graded.get("rel", 1e-9), mistakes, kwargs)
         )
-    assert len(results) == math.prod(len(list(c)) for c in options.values())
+    count = math.prod(len(list(c)) for c in options.values())
+    assert len(results) == (count if sample is None else min(count, sample))
     return results
 
 
@@ -231,13 +249,17 @@ def assert_solved_with_distinct_mistakes(
     min_mistakes: int = 3,
     after_numbers_cell: bool = False,
     distinct: bool = True,
+    sample: int | None = None,
+    seed: int = 0,
 ) -> list[Graded]:
     """Every draw is a sensible problem (a positive answer) that the solution gets right;
     it names at least ``min_mistakes`` mistakes, each outside twice the tolerance, and no
     hint quotes the answer. With ``distinct``, no two mistakes share a value (a value with
-    two hints would make the diagnosis ambiguous). Returns the draws for a chapter's own
-    further checks."""
-    results = graded_draws(notebook, grade_id, after_numbers_cell=after_numbers_cell)
+    two hints would make the diagnosis ambiguous). ``sample`` and ``seed`` as for
+    ``graded_draws``. Returns the draws for a chapter's own further checks."""
+    results = graded_draws(
+        notebook, grade_id, after_numbers_cell=after_numbers_cell, sample=sample, seed=seed
+    )
     for g in results:
         assert g.right > 0, (g.draw, g.right)
         assert math.isclose(g.answer, g.right, rel_tol=max(g.rel, 1e-12)), (g.draw, g.answer)
@@ -252,6 +274,42 @@ def assert_solved_with_distinct_mistakes(
         for i, a in enumerate(values):
             assert not any(math.isclose(a, b, rel_tol=1e-6) for b in values[i + 1 :]), g.draw
     return results
+
+
+def assert_graded_as_named(
+    notebook: Notebook, grade_id: str, results: Sequence[Graded], classic: tuple[str, str]
+) -> None:
+    """On each draw of ``results`` (from ``graded_draws``), as the real ``plausible`` and
+    ``expect`` grade it: the reference answer passes the visible check and the hidden
+    test; each named mistake is outside the tolerance (at least 1e-6) and fails with a
+    hint whose mistake gives that value; the ``classic`` mistake (an answer cell's source
+    on ``N``, and a phrase its hint must contain: ``WRONG`` of ``tests/assignments/aNN_*``)
+    fails with that phrase."""
+    name = notebook.answer_name(grade_id)
+    check = compiled(notebook.cells[f"check_{grade_id}"])
+    wrong_source, phrase = classic
+    for g in results:
+        with contextlib.redirect_stdout(io.StringIO()):
+            exec(check, {**notebook.units, "plausible": grading.plausible, name: g.answer})
+        REAL_EXPECT(g.answer, g.right, **g.kwargs)
+        mistakes = dict(g.mistakes)
+        rel = max(g.kwargs.get("rel", 0), 1e-6)
+        for hint, wrong in g.mistakes:
+            assert not math.isclose(wrong, g.right, rel_tol=rel), (g.draw, hint)
+            message = _failure(wrong, g)
+            named = [h for h in mistakes if h in message]
+            assert named and math.isclose(mistakes[named[0]], wrong, rel_tol=1e-6), (g.draw, hint)
+        answer = run(wrong_source, g.draw, N=g.draw, **notebook.units)[name]
+        assert phrase in _failure(answer, g), (g.draw, phrase)
+
+
+def _failure(answer: object, graded: Graded) -> str:
+    """The message of the real ``expect`` failing ``answer`` on the draw ``graded``."""
+    try:
+        REAL_EXPECT(answer, graded.right, **graded.kwargs)
+    except AssertionError as failed:
+        return str(failed)
+    raise AssertionError(f"{graded.draw}: {answer!r} passes, {graded.right!r} expected")
 
 
 @functools.cache

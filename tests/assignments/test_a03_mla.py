@@ -1,6 +1,7 @@
 """The chapter 3 assignment on every draw of its numbers: each challenge is a sensible
-problem, the solution gets it right, every named mistake stays out of the tolerance, and
-the sparse-query challenge's formula is what ``kvlib.mla.latent_read_cost`` counts.
+problem, the solution gets it right, every named mistake stays out of the tolerance and
+is named when graded, and the sparse-query challenge's formula is what
+``kvlib.mla.latent_read_cost`` counts.
 
 Each hidden test of ``solutions/03_mla/mla.ipynb`` is swept (``sweep.py``): run with
 ``numbers`` returning each combination of its choices in turn and ``expect`` replaced by
@@ -13,7 +14,7 @@ import math
 
 import pytest
 
-from assignments import sweep
+from assignments import a03_mla, sweep
 from kvlib.mla import IndexerShape, MLAPath, MLAShape, latent_read_cost, mla_step_cost
 from kvlib.specs import DS_MLA_FP8_BYTES_PER_TOKEN
 from kvlib.units import GiB, MiB
@@ -21,10 +22,13 @@ from kvlib.units import GiB, MiB
 NOTEBOOK = sweep.Notebook("03_mla/mla.ipynb")
 CELLS = NOTEBOOK.cells
 TESTS = NOTEBOOK.tests
-# The challenges enumerated draw by draw here; the first four are also enumerated by
-# tests/unit/test_mla.py, and all are exercised through nbgrader by
-# tests/assignments/test_assignments.py.
+# The challenges whose mistakes are all distinct, on every draw. The first four may name
+# two slips that give one value (``expect`` then names both). All seven are also graded
+# through nbgrader by tests/assignments/test_assignments.py.
 ENUMERATED = ["sparse_query_mib", "crossover_tokens", "dp_seats_gained"]
+# The first four draw from 384 to 8,640 combinations: each is tried on a seeded sample
+# of 300 draws, the others on every draw.
+SAMPLE = {"latent_bytes": 300, "reduction": 300, "seats_gained": 300, "absorbed_flops": 300}
 UNITS = NOTEBOOK.units
 PATHS: tuple[MLAPath, ...] = ("naive", "absorbed")
 
@@ -46,6 +50,15 @@ def test_seven_challenges_worth_fourteen_points() -> None:
 @pytest.mark.parametrize("grade_id", ENUMERATED)
 def test_every_draw_is_sensible_solved_and_its_mistakes_distinct(grade_id: str) -> None:
     sweep.assert_solved_with_distinct_mistakes(NOTEBOOK, grade_id)
+
+
+@pytest.mark.parametrize("grade_id", TESTS)
+def test_every_draw_is_graded_as_its_hints_say(grade_id: str) -> None:
+    """For each student's numbers: the solution passes the visible and the hidden check,
+    every named mistake is wrong, and grading it names a slip that gives that value; the
+    classic mistake of tests/assignments/a03_mla.py is always wrong and always named."""
+    results = sweep.graded_draws(NOTEBOOK, grade_id, sample=SAMPLE.get(grade_id), seed=3)
+    sweep.assert_graded_as_named(NOTEBOOK, grade_id, results, a03_mla.WRONG[grade_id])
 
 
 @pytest.mark.parametrize("grade_id", ENUMERATED)
