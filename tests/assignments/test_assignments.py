@@ -5,6 +5,12 @@ The assignments and their classic mistakes are listed in ``tests/assignments/``.
 Right answers are the solution cells of ``solutions/`` themselves, so each student
 (a different id, hence different numbers where a challenge draws them per student)
 runs the reference solution on their own numbers.
+
+Each assignment is one class of tests sharing one graded batch, so that pytest-xdist
+(``--dist loadscope``) spreads the batches over its workers. nbgrader runs through its
+Python API in this process (it is imported once, not once per command), and every
+course starts from a copy of one empty gradebook (nbgrader creates a gradebook by
+running ``alembic`` in a subprocess).
 """
 
 from __future__ import annotations
@@ -12,8 +18,10 @@ from __future__ import annotations
 import ast
 import csv
 import importlib
+import os
 import pkgutil
 import re
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
@@ -23,8 +31,8 @@ import nbformat
 import pytest
 
 import assignments
-from course.apps.autograde import is_test_cell
-from course.apps.scratch import make_course, run_nbgrader
+from course.apps.autograde import COURSE_ID, is_test_cell
+from course.apps.scratch import make_course, nbgrader_api, scripts_on_path
 from course.checks import HIDDEN_TEST_MODULES
 
 pytestmark = pytest.mark.notebooks
@@ -94,14 +102,54 @@ class Batch:
             return {row["student_id"]: float(row["score"]) for row in csv.DictReader(f)}
 
 
-@pytest.fixture(scope="module", params=sorted(MODULES))
-def batch(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Batch:
-    module = MODULES[request.param]
+@pytest.fixture(scope="session")
+def empty_gradebook(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """An empty gradebook of the course, as nbgrader creates it (tables, alembic's
+    version, the course row), to copy into each course."""
+    from nbgrader.api import Gradebook
+
+    path = tmp_path_factory.mktemp("gradebook") / "gradebook.db"
+    with scripts_on_path(), Gradebook(f"sqlite:///{path}", COURSE_ID):
+        pass
+    return path
+
+
+def _nbgrader(course: Path, command: str, *args: Any, **kwargs: Any) -> None:
+    """``NbGraderAPI.<command>(*args, **kwargs)`` on ``course``; raise on failure."""
+    here = os.getcwd()  # nbgrader changes into the course folder
+    try:
+        with scripts_on_path():
+            result = getattr(nbgrader_api(course), command)(*args, **kwargs)
+    finally:
+        os.chdir(here)
+    assert result["success"], f"nbgrader {command} failed:\n{result.get('error')}"
+
+
+def _export(course: Path) -> None:
+    """``grades.csv``, as ``nbgrader export`` writes it with the course's export plugin."""
+    from nbgrader.api import Gradebook
+
+    from course.notebooks.flags import FlaggedCsvExport
+
+    api = nbgrader_api(course)
+    with Gradebook(api.coursedir.db_url, api.coursedir.course_id) as gb:
+        FlaggedCsvExport(parent=api, to=str(course / "grades.csv")).export(gb)
+
+
+@pytest.fixture(scope="class")
+def batch(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory, empty_gradebook: Path
+) -> Batch:
+    """The assignment of the requesting class, graded by nbgrader for the students
+    ``solution`` (the reference answers), ``blank`` (the release as it is) and
+    ``wrong-<grade id>`` (the reference answers but one classic mistake)."""
+    module = MODULES[request.cls.catalogue]
     assignment = module.ASSIGNMENT
     course = make_course(
         tmp_path_factory.mktemp(assignment), ROOT, [assignment], timeout_s=TIMEOUT_S
     )
-    run_nbgrader(course, "generate_assignment", assignment, "--force")
+    shutil.copyfile(empty_gradebook, course / "gradebook.db")
+    _nbgrader(course, "generate_assignment", assignment, force=True, create=True)
     release = course / "exercises" / assignment / f"{module.NOTEBOOK}.ipynb"
     right = _solution_answers(module)
     students = {"solution": right, "blank": {}}
@@ -111,8 +159,8 @@ def batch(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFacto
         path = course / "submitted" / student / assignment / f"{module.NOTEBOOK}.ipynb"
         path.parent.mkdir(parents=True)
         nbformat.write(_submission(release, answers), path)
-    run_nbgrader(course, "autograde", assignment)
-    run_nbgrader(course, "export")
+    _nbgrader(course, "autograde", assignment, "*", create=True)
+    _export(course)
     source = nbformat.read(_source(module), as_version=4)
     tests = [str(_grade_id(c)) for c in source.cells if is_test_cell(c)]
     points = {str(_grade_id(c)): float(c.metadata["nbgrader"]["points"]) for c in source.cells
@@ -120,28 +168,37 @@ def batch(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFacto
     return Batch(module, course, tests, points)
 
 
-def test_solution_scores_full_and_silently(batch: Batch) -> None:
-    assert batch.scores()["solution"] == sum(batch.points.values())
-    for cell in batch.graded("solution").cells:
-        if cell.cell_type == "code":
-            errors = [o for o in cell.outputs if o.output_type == "error"]
-            assert errors == [], f"{_grade_id(cell)}: {errors}"
+class GradedAssignment:
+    """The tests of one assignment's batch; ``catalogue`` names its module here."""
+
+    catalogue: str
+
+    def test_solution_scores_full_and_silently(self, batch: Batch) -> None:
+        assert batch.scores()["solution"] == sum(batch.points.values())
+        for cell in batch.graded("solution").cells:
+            if cell.cell_type == "code":
+                errors = [o for o in cell.outputs if o.output_type == "error"]
+                assert errors == [], f"{_grade_id(cell)}: {errors}"
+
+    def test_blank_scores_zero_and_says_what_is_missing(self, batch: Batch) -> None:
+        assert batch.scores()["blank"] == 0
+        for grade_id in batch.tests:
+            assert "is still the placeholder `...`" in batch.errors("blank", grade_id), grade_id
+
+    def test_each_classic_mistake_is_named(self, batch: Batch) -> None:
+        assert set(batch.module.WRONG) == set(batch.tests), "one classic mistake per challenge"
+        scores = batch.scores()
+        for grade_id, (_, phrase) in batch.module.WRONG.items():
+            student = f"wrong-{grade_id}"
+            assert phrase in batch.errors(student, grade_id), f"{grade_id}: hint lacks {phrase!r}"
+            others = sum(p for g, p in batch.points.items() if g != grade_id)
+            assert scores[student] == others, f"{student}: only {grade_id} should be lost"
 
 
-def test_blank_scores_zero_and_says_what_is_missing(batch: Batch) -> None:
-    assert batch.scores()["blank"] == 0
-    for grade_id in batch.tests:
-        assert "is still the placeholder `...`" in batch.errors("blank", grade_id), grade_id
-
-
-def test_each_classic_mistake_is_named(batch: Batch) -> None:
-    assert set(batch.module.WRONG) == set(batch.tests), "one classic mistake per challenge"
-    scores = batch.scores()
-    for grade_id, (_, phrase) in batch.module.WRONG.items():
-        student = f"wrong-{grade_id}"
-        assert phrase in batch.errors(student, grade_id), f"{grade_id}: hint lacks {phrase!r}"
-        others = sum(p for g, p in batch.points.items() if g != grade_id)
-        assert scores[student] == others, f"{student}: only {grade_id} should be lost"
+# One class per assignment: TestA01KvCache, ... (pytest collects the ``Test`` classes).
+for _name in sorted(MODULES):
+    _title = "".join(part.title() for part in _name.split("_"))
+    globals()[f"Test{_title}"] = type(f"Test{_title}", (GradedAssignment,), {"catalogue": _name})
 
 
 @pytest.mark.parametrize("name", sorted(MODULES))
