@@ -76,7 +76,9 @@ LAYERS = [
 # Each module is imported in a process forked for it alone, from a parent that has
 # imported only what the module is allowed (so torch is imported once for all the
 # modules allowed torch, not once per module); what the fork adds that lives in
-# site-packages is the module's third-party imports beyond those allowed ones.
+# site-packages is the module's third-party imports beyond those allowed ones. What the
+# parent's own imports loaded (torch brings typing_extensions...) is reported too, under
+# ``PRELOADED`` and the names: what a module allowed those packages may bring along.
 _PROBE = """
 import importlib, json, os, sys, sysconfig
 PATHS = {sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]}
@@ -109,14 +111,17 @@ def forked(work):
     return json.loads(b"".join(chunks))
 
 def group(preload, modules):
+    before = set(sys.modules)
     for name in preload:
         importlib.import_module(name)
+    loaded = {PRELOADED + " ".join(preload): third(before)}
     def probe(module):
         before = set(sys.modules)
         importlib.import_module(module)
         return third(before)
-    return {m: forked(lambda m=m: probe(m)) for m in modules}
+    return {**loaded, **{m: forked(lambda m=m: probe(m)) for m in modules}}
 
+PRELOADED = sys.argv[2]
 results = {}
 for preload, modules in json.loads(sys.argv[1]):
     results.update(forked(lambda: group(preload, modules)))
@@ -138,9 +143,12 @@ def _allowed(module: str) -> set[str] | None:
     return ALLOWED[max(matching, key=len)] if matching else set()
 
 
+PRELOADED = "preloaded: "  # the key of what a group's preloading loaded, before its names
+
+
 def _probe(groups: list[tuple[list[str], list[str]]]) -> dict[str, Any]:
     """Run the probe on ``[(allowed packages to preload, modules)]``."""
-    result = subprocess.run([sys.executable, "-c", _PROBE, json.dumps(groups)],
+    result = subprocess.run([sys.executable, "-c", _PROBE, json.dumps(groups), PRELOADED],
                             capture_output=True, text=True, check=True)
     found: dict[str, Any] = json.loads(result.stdout)
     return found
@@ -163,10 +171,10 @@ def _third_party(module: str) -> set[str]:
     return set(found)
 
 
-@functools.cache
-def _with_dependencies(package: str) -> frozenset[str]:
-    """``package`` and what importing it brings along (torch loads typing_extensions...)."""
-    return frozenset(_third_party(package) | {package})
+def _with_dependencies(packages: set[str]) -> set[str]:
+    """``packages`` and what importing them brings along (torch loads typing_extensions...),
+    as the probe's parent of the modules allowed them found."""
+    return set(_imports_beyond_allowed()[PRELOADED + " ".join(sorted(packages))]) | packages
 
 
 @pytest.mark.parametrize("module", [m for m in MODULES if _allowed(m) is not None])
@@ -176,7 +184,7 @@ def test_third_party_imports_follow_the_rules(module: str) -> None:
     imported = set(found)
     allowed = _allowed(module)
     assert allowed is not None
-    closure = set().union(*(_with_dependencies(p) for p in allowed)) if allowed else set()
+    closure = _with_dependencies(allowed)
     assert imported <= closure, f"{module} imports {sorted(imported - closure)}"
 
 
@@ -298,6 +306,7 @@ def test_the_probe_sees_what_is_loaded_beyond_the_preloaded() -> None:
     found = _probe([([], ["kvlib.serving.simulate"]), (held, ["kvlib.serving.simulate"])])
     assert "numpy" in _third_party("kvlib.serving.simulate")
     assert found["kvlib.serving.simulate"] == []
+    assert found[PRELOADED] == [] and found[PRELOADED + "numpy numpy.typing"] == ["numpy"]
     assert "error" in _probe([([], ["kvlib.no_such_module"])])["kvlib.no_such_module"]
 
 
