@@ -12,11 +12,17 @@ honest submissions of chapter 1 (each student on their own numbers), and graded:
   for N = 1 and 2; starting the cluster is not timed.
 
 All run the same sandbox, limits and hidden-test path (``nbgrader_config.py``).
-Printed: wall seconds, the ratio of serial's seconds to each (the speed-up), each
-one's seconds over the pool's (the Dask path on one machine aims at 1.10 or
-less), and CPU seconds per submission of every process this script started and
-reaped (graders, workers, and the kernels they reaped; for Dask, less what the
-scheduler and workers had used to start, which is not timed either). With
+Printed, as a Markdown table headed by the machine (cores, CPU model, date):
+wall seconds, the ratio of serial's seconds to each (the speed-up), each one's
+seconds over the pool's (the Dask path on one machine aims at 1.10 or less),
+and CPU seconds per submission of every process this script started and reaped
+(graders, workers, and the kernels they reaped; for Dask, less what the
+scheduler and workers had used to start, which is not timed either); then two
+Dask workers' speed over one's (aimed at 1.8 or more). Every path's result is
+compared with the pool's: each student's row of ``grades.csv`` (score, late
+penalty, flags), each cell's gradebook rows (scores, comments, the notebook's
+flagged mark), the graded notebooks and the feedback pages; a difference is
+printed and the exit status is 1. With
 ``--profile`` the client of each Dask run (``python -m course.apps.batch``, the
 command ``make grade`` runs) runs under cProfile, and its top entries by
 cumulative time are printed: what the one process that writes the course
@@ -32,9 +38,12 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import csv
+import datetime
 import io
 import json
 import os
+import platform
 import pstats
 import resource
 import shutil
@@ -229,6 +238,53 @@ def on_dask(course: Path, workers: int, profile_entries: int) -> Run:
     return Run(run.seconds, used)
 
 
+def result_of(course: Path) -> dict[str, Any]:
+    """What grading gave, as every path must give it: by student, the row of ``grades.csv``,
+    the gradebook's rows of each graded cell (automatic and manual scores and comments),
+    the notebook's flagged mark and late penalty, the graded notebook's cells (source and
+    outputs) and metadata, and the feedback page."""
+    from nbgrader.api import Gradebook
+
+    with open(course / "grades.csv", newline="") as f:
+        found: dict[str, Any] = {f"grades.csv {row['student_id']}": row
+                                 for row in csv.DictReader(f)}
+    with Gradebook(f"sqlite:///{course / 'gradebook.db'}") as gb:
+        for submission in gb.find_assignment(ASSIGNMENT).submissions:
+            for nb in submission.notebooks:
+                found[f"gradebook {submission.student.id}/{nb.name}"] = (
+                    str(submission.timestamp), nb.flagged, nb.late_submission_penalty,
+                    sorted((g.name, g.auto_score, g.manual_score, g.needs_manual_grade)
+                           for g in nb.grades),
+                    sorted((c.name, c.auto_comment, c.manual_comment) for c in nb.comments),
+                )
+    for student in sorted(p.name for p in (course / "submitted").iterdir()):
+        graded = nbformat.read(course / "autograded" / student / ASSIGNMENT / f"{NOTEBOOK}.ipynb",
+                               as_version=4)
+        found[f"autograded {student}"] = [
+            (c.cell_type, c.source, c.get("outputs")) for c in graded.cells
+        ] + [graded.metadata.get("kvlib")]
+        page = course / "feedback" / student / ASSIGNMENT / f"{NOTEBOOK}.html"
+        found[f"feedback {student}"] = page.read_bytes() if page.is_file() else None
+    return found
+
+
+def differences(result: dict[str, Any], pool: dict[str, Any]) -> list[str]:
+    """The entries of ``result`` not equal to the pool's (or missing from either)."""
+    return sorted(k for k in result.keys() | pool.keys() if result.get(k) != pool.get(k))
+
+
+def machine() -> str:
+    """Cores, CPU model (``/proc/cpuinfo``), system and today's date."""
+    model = platform.processor() or platform.machine()
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    return (f"{os.cpu_count()} cores, {model}, {platform.system()} {platform.release()}, "
+            f"{datetime.date.today().isoformat()}")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--students", type=int, default=100)
@@ -241,28 +297,46 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.students < 1:
         parser.error("--students must be at least 1")
-    print(f"{args.students} honest submissions of {ASSIGNMENT}, {os.cpu_count()} cores, "
+    print(f"{args.students} honest submissions of {ASSIGNMENT}; {machine()}; "
           f"load average {os.getloadavg()[0]:.1f} at the start")
     plans: list[tuple[str, Any]] = [("pool", make_grade)]
     if not args.skip_serial:
         plans.insert(0, ("serial", serial))
     plans += [(f"dask {n}", lambda c, n=n: on_dask(c, n, args.profile)) for n in args.workers]
     results: dict[str, Run] = {}
+    graded: dict[str, dict[str, Any]] = {}
     with tempfile.TemporaryDirectory(prefix="kvlib-bench-") as tmp:
         for name, grade in plans:
             course = make_course(Path(tmp) / name.replace(" ", "_") / "course")
             submit(course, args.students)
             print(f"{name}:", flush=True)
             results[name] = grade(course)
-    print(f"load average {os.getloadavg()[0]:.1f} at the end")
+            graded[name] = result_of(course)
+    print(f"load average {os.getloadavg()[0]:.1f} at the end\n")
     base, pool = results.get("serial"), results["pool"]
-    print(f"{'':>8}  {'seconds':>8}  {'serial / this':>13}  {'this / pool':>11}  "
-          f"{'CPU s per submission':>20}")
+    print(f"{args.students} submissions; {machine()}\n")
+    print("| grading | seconds | serial / this | this / pool | CPU s per submission |")
+    print("|---|---:|---:|---:|---:|")
     for name, run in results.items():
         ratio = f"{base.seconds / run.seconds:.2f}x" if base else "-"
-        print(f"{name:>8}  {run.seconds:8.1f}  {ratio:>13}  {run.seconds / pool.seconds:11.2f}  "
-              f"{run.cpu_s / args.students:20.2f}")
-    return 0
+        print(f"| {name} | {run.seconds:.1f} | {ratio} | {run.seconds / pool.seconds:.2f} | "
+              f"{run.cpu_s / args.students:.2f} |")
+    if "dask 1" in results and "dask 2" in results:
+        print(f"\ntwo Dask workers: {results['dask 1'].seconds / results['dask 2'].seconds:.2f}x "
+              "one worker's speed (aim: 1.80x or more); "
+              f"{results['dask 2'].seconds / pool.seconds:.2f} of the pool's time (aim: 1.10 "
+              "or less)")
+    status = 0
+    for name, result in graded.items():
+        if name == "pool":
+            continue
+        differ = differences(result, graded["pool"])
+        print(f"{name}: " + ("the same grades, flags, graded notebooks and feedback as the pool"
+                             if not differ else
+                             f"{len(differ)} result(s) differ from the pool's: "
+                             + ", ".join(differ[:8])))
+        status |= bool(differ)
+    return status
 
 
 if __name__ == "__main__":

@@ -12,12 +12,13 @@ The work splits where the state is:
   limits, repair, hidden tests outside the kernel) and returns the graded
   folder and the feedback files (the feedback page's templates compile once
   per worker process, not once per student). It needs no shared file system
-  and never sees the course's gradebook.
+  and never sees the course's gradebook. A worker's first task turns off its
+  sampling profiler (:func:`_without_profiler`).
 - the **client** (:func:`grade_on_cluster`, in ``make grade``) alone writes
   the course. It sends every task first, then puts the assignment in the
   gradebook when it is missing, while the workers grade. For each result it
   records, in one gradebook connection (SQLite,
-  or ``$KVLIB_GRADEBOOK_URL``), what nbgrader's ``autograde`` records: the
+  or ``$KVLIB_GRADEBOOK_URL``) and one transaction, what nbgrader's ``autograde`` records: the
   student and the submission with its timestamp, zero for a notebook not
   submitted, then each graded notebook's scores by nbgrader's own
   ``SaveAutoGrades`` (read from the graded notebook's outputs), its late
@@ -251,6 +252,25 @@ def _write(folder: Path, files: dict[str, bytes]) -> None:
         path.write_bytes(data)
 
 
+def _without_profiler() -> None:
+    """Stop the running Dask worker's sampling profiler (nothing outside a worker).
+
+    A worker samples the stack of each running task every 10 ms for its dashboard's profile
+    page: a grading task's stack (nbgrader, nbconvert, traitlets, the kernel client) is deep,
+    and walking it cost about a fifth of the worker's CPU time. The rest of the worker, its
+    dashboard included, is left as it is."""
+    try:
+        from distributed import get_worker
+
+        callbacks = get_worker().periodic_callbacks
+    except (ImportError, ValueError):
+        return
+    for name in ("profile", "profile-cycle"):
+        callback = callbacks.pop(name, None)
+        if callback is not None:
+            callback.stop()
+
+
 def _worker_folder() -> str | None:
     """The running Dask worker's own folder: Dask removes it when the worker stops, and a
     worker started later on the machine removes one a killed worker left. None outside a
@@ -307,6 +327,7 @@ def grade_remotely(
     ``set_aside``: the paths of the submission that were links or special files on the
     client (never sent): they are flagged here as there (:mod:`course.notebooks.intake`).
     """
+    _without_profiler()
     with _ONE_AT_A_TIME:
         return _grade_here(assignment, student, submitted, feedback, set_aside)
 
@@ -450,6 +471,27 @@ def _replace_folder(folder: Path, files: dict[str, bytes], modes: dict[str, int]
         shutil.rmtree(partial, ignore_errors=True)
 
 
+class _OneTransaction:
+    """A gradebook session whose ``commit`` only flushes: nbgrader's gradebook methods and
+    ``SaveAutoGrades`` commit after each row, and a result's rows are then committed together
+    by :meth:`Recorder.record` (one disk sync, not one a cell, and no half-written student). A
+    ``rollback`` (nbgrader's, on a database error) rolls back the whole result."""
+
+    def __init__(self, session: Any) -> None:
+        self._session = session
+        self.rolled_back = False
+
+    def commit(self) -> None:
+        self._session.flush()
+
+    def rollback(self) -> None:
+        self._session.rollback()
+        self.rolled_back = True
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._session, name)
+
+
 class Recorder:
     """The client's writes for each result, in one gradebook connection: nbgrader's
     ``autograde`` bookkeeping, without reading, repairing or converting a notebook again.
@@ -478,22 +520,32 @@ class Recorder:
         self.close()
 
     def record(self, assignment: str, graded: Graded, feedback: bool) -> None:
-        """``graded`` into the gradebook, ``autograded/`` and (when asked) ``feedback/``."""
-        import nbformat
+        """``graded`` into the gradebook (one transaction), ``autograded/`` and (when asked)
+        ``feedback/``."""
+        from nbformat.v4 import reads
 
+        # Notebooks nbgrader's autograde wrote on the worker (read there, repaired, checked):
+        # read as version 4, not validated again.
         notebooks = {
-            Path(name).stem: nbformat.reads(data.decode("utf-8"), as_version=4)  # type: ignore[no-untyped-call]
+            Path(name).stem: reads(data.decode("utf-8"))  # type: ignore[no-untyped-call]
             for name, data in graded.notebooks.items()
         }
+        session = self.gradebook.db
+        self.gradebook.db = transaction = _OneTransaction(session)
         try:
             self._submission(assignment, graded.student)
             known = {n.name for n in self.gradebook.find_assignment(assignment).notebooks}
             for name, nb in notebooks.items():
                 if name in known:  # as autograde, which skips a notebook it does not know
                     self._notebook(assignment, graded.student, name, nb)
+            if transaction.rolled_back:
+                raise RuntimeError("the gradebook rolled back part of this student's rows")
+            session.commit()
         except Exception:
-            self.gradebook.db.rollback()
+            session.rollback()
             raise
+        finally:
+            self.gradebook.db = session
         dest = self.coursedir.format_path(self.coursedir.autograded_directory, graded.student,
                                           assignment)
         _replace_folder(Path(dest), graded.graded, graded.modes)
