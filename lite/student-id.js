@@ -4,7 +4,7 @@
  * own (an HTML <dialog>, part of the page: no browser prompt), says what it is for and
  * how to change it, and keeps it in kvlib_student_id.txt at the top of the browser's
  * file storage (JupyterLite's contents, which outlive the tab). The kernel reads that
- * file before each cell that uses kvlib (kvlib_lite/startup.py), so a changed id counts
+ * file before each cell (kvlib_lite/startup.py), so a changed id counts
  * from the next cell run. A button at the top right of the page shows the id and opens
  * the same dialog to change it. Added to lab/index.html by scripts/build_lite.py.
  */

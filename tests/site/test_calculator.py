@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import subprocess
 import sys
 import time
@@ -356,6 +357,69 @@ def test_pasted_config_equals_the_cli(calculator: Calculator, tmp_path: Path) ->
     assert calculator.submit({"gpu": "H100-PCIe", "context": "8192"}, pasted=text) == "ready"
     assert calculator.result() == expected
 
+
+
+# The element that has the keyboard's focus: its id, or its tag and text.
+FOCUSED = ("() => { const e = document.activeElement;"
+           " return e ? (e.id || e.tagName.toLowerCase() + ':' + e.textContent.trim()) : ''; }")
+KEYBOARD_CASE = {"model": "Mistral-7B-v0.1", "context": "12288", "gpu": "A100-80GB",
+                 "kv_dtype": "fp8"}
+
+
+def _tab_to(page: Any, target: str, limit: int = 400) -> int:
+    """Press Tab until ``target`` (an id, or "button:Compute") has the focus; presses."""
+    for presses in range(1, limit + 1):
+        page.keyboard.press("Tab")
+        if page.evaluate(FOCUSED) == target:
+            return presses
+    pytest.fail(f"{target} never took the focus in {limit} presses of Tab")
+
+
+def _choose(page: Any, select_id: str, value: str) -> None:
+    """Pick an option of the focused closed <select> with the arrow keys."""
+    values = page.evaluate(f"() => [...document.getElementById('{select_id}').options]"
+                           ".map(o => o.value)")
+    now = values.index(page.evaluate(f"() => document.getElementById('{select_id}').value"))
+    step = values.index(value) - now
+    for _ in range(abs(step)):
+        page.keyboard.press("ArrowDown" if step > 0 else "ArrowUp")
+    assert page.evaluate(f"() => document.getElementById('{select_id}').value") == value
+
+
+def test_the_form_works_from_the_keyboard_alone(calculator: Calculator) -> None:
+    """From the top of the page, Tab reaches each field in order, the arrow keys pick a
+    model, a GPU and a KV dtype, typing sets the context, and Enter on "Compute" runs the
+    command: its result is what the command the page shows prints in a terminal."""
+    page = calculator.page
+    # Start where a keyboard user starts: the top of the page, nothing focused.
+    page.evaluate("() => { document.activeElement?.blur(); window.scrollTo(0, 0); }")
+    _tab_to(page, "kv-in-model")
+    _choose(page, "kv-in-model", KEYBOARD_CASE["model"])
+    _tab_to(page, "kv-in-context", 5)
+    page.keyboard.press("Control+A")
+    page.keyboard.type(KEYBOARD_CASE["context"])
+    for param in ("kv_dtype", "gpu"):
+        _tab_to(page, f"kv-in-{param}", 20)
+        _choose(page, f"kv-in-{param}", KEYBOARD_CASE[param])
+    _tab_to(page, "button:Compute", 40)
+    before = calculator.seq()
+    page.keyboard.press("Enter")
+    assert calculator.wait(before) == "ready"
+    # Typing and choosing run the command too (after a pause): wait until runs stop.
+    while True:
+        seen = calculator.seq()
+        page.wait_for_timeout(700)
+        if calculator.seq() == seen and page.evaluate(f"{STATE}.state") == "ready":
+            break
+    command = page.text_content("#kv-command") or ""
+    for flag, value in (("--context", "context"), ("--gpu", "gpu"), ("--kv-dtype", "kv_dtype")):
+        assert f"{flag} {KEYBOARD_CASE[value]}" in command, command
+    words = shlex.split(command)
+    assert words[:3] == ["kvlib", "size", KEYBOARD_CASE["model"]], command
+    status, expected, _ = cli(words[2:])
+    assert status == 0
+    assert calculator.result() == expected
+    assert calculator.shown_errors() == {}
 
 BAD_FORM_CASES = [
     ("context-not-a-number", {"model": "Llama-3.1-8B", "context": "32k"}, None, "context"),

@@ -4,8 +4,9 @@
   (:func:`course.checks.student_id` reads ``$KVLIB_STUDENT_ID``). The page asks for it
   in a dialog of its own (``student-id.js``, added to the site's JupyterLab page) and
   keeps it in ``kvlib_student_id.txt`` at the top of the browser's file storage, which
-  outlives the tab; before each cell that uses kvlib the kernel reads that file again,
-  so an id changed from the page counts from the next cell run. A blank answer keeps
+  outlives the tab; before each cell the kernel reads that file again (a cell that
+  draws numbers may name neither kvlib nor course.checks: ``N = numbers(...)``), so an
+  id changed from the page counts from the next cell run. A blank answer keeps
   the default ``self-study``, the id ``make check`` uses when none is set.
 - A cell that imports numpy, matplotlib, torch or another package with no build this
   site can serve prints one line naming the local install instead of a traceback.
@@ -45,10 +46,8 @@ def stored_id() -> str:
 
 
 def _before_cell(info: Any) -> None:
-    """Before a cell that uses kvlib: take the stored id (read each time: the learner
-    may have changed it from the page since the last cell)."""
-    if "kvlib" not in str(getattr(info, "raw_cell", "") or ""):
-        return
+    """Before each cell: take the stored id (read each time: the learner may have
+    changed it from the page since the last cell, and any cell may draw numbers)."""
     student = stored_id()
     if student:
         os.environ[STUDENT_ENV] = student
