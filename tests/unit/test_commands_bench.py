@@ -66,19 +66,28 @@ def test_copy_agrees_with_an_independent_copy_timing(capsys: pytest.CaptureFixtu
     The bounds, 0.5 to 2.0, allow that and still fail a timing that misses the
     copy (an unsynchronised or lazily evaluated call, orders of magnitude faster)
     or one that includes allocation and page faults (well under 0.5).
+
+    Under heavy load one set of nine rounds still measured 0.42 once. A flaw in the
+    harness is systematic and shows in every set; load is not. So up to three sets
+    are measured, and the test passes on the first inside the bounds.
     """
     n = 64 * 2**20
     src = np.ones(n, dtype=np.uint8)
     dst = np.empty_like(src)
     np.copyto(dst, src)  # touch the pages before timing
-    ours_s, theirs_s = [], []
-    for _ in range(9):
-        ours = bench_json(capsys, "copy", "--bytes", str(n), "--cache", "warm", "--rep-ms", "30")
-        assert ours["bandwidth_bytes_per_s"] == pytest.approx(2 * n / ours["median_s"])
-        ours_s.append(ours["min_s"])
-        theirs_s += timeit.repeat(lambda: np.copyto(dst, src), number=1, repeat=5)
-    ratio = min(theirs_s) / min(ours_s)  # our bandwidth over numpy's, both at their best
-    assert 0.5 < ratio < 2.0, (ratio, sorted(ours_s)[:3], sorted(theirs_s)[:3])
+    ratios = []
+    for _ in range(3):
+        ours_s, theirs_s = [], []
+        for _ in range(9):
+            ours = bench_json(capsys, "copy", "--bytes", str(n), "--cache", "warm",
+                              "--rep-ms", "30")
+            assert ours["bandwidth_bytes_per_s"] == pytest.approx(2 * n / ours["median_s"])
+            ours_s.append(ours["min_s"])
+            theirs_s += timeit.repeat(lambda: np.copyto(dst, src), number=1, repeat=5)
+        ratios.append(min(theirs_s) / min(ours_s))  # our bandwidth over numpy's, at best
+        if 0.5 < ratios[-1] < 2.0:
+            break
+    assert 0.5 < ratios[-1] < 2.0, ratios
 
 
 def test_matmul_report(capsys: pytest.CaptureFixture[str]) -> None:
