@@ -23,6 +23,7 @@ __all__ = [
     "NbgraderError",
     "assignment_ids",
     "course_root",
+    "create_gradebook",
     "make_course",
     "nbgrader_api",
     "run_nbgrader",
@@ -98,7 +99,37 @@ def make_course(
         db_url=db_url or f"sqlite:///{root_dir / 'gradebook.db'}",
     )
     (directory / "nbgrader_config.py").write_text(config)
+    if db_url is None and not (root_dir / "gradebook.db").exists():
+        create_gradebook(root_dir / "gradebook.db")
     return directory
+
+
+def create_gradebook(path: Path) -> None:
+    """An empty SQLite gradebook at ``path``, as nbgrader's ``Gradebook`` makes one: its
+    tables, and ``alembic_version`` holding the head of nbgrader's migrations.
+
+    nbgrader finds that head by running ``alembic heads`` in a subprocess for every new
+    gradebook (2-3 s, longer than grading a notebook: each "Check your work" paid it).
+    alembic's script directory gives the same head in this process in about 0.1 s.
+    """
+    from alembic.config import Config
+    from alembic.script import ScriptDirectory
+    from nbgrader.api import Base
+    from nbgrader.dbutil import ALEMBIC_DIR
+    from sqlalchemy import create_engine, text
+
+    settings = Config()
+    settings.set_main_option("script_location", ALEMBIC_DIR)
+    head = ScriptDirectory.from_config(settings).get_current_head()
+    engine = create_engine(f"sqlite:///{path}")
+    try:
+        Base.metadata.create_all(bind=engine)
+        with engine.begin() as db:
+            db.execute(text("CREATE TABLE alembic_version (version_num VARCHAR(32) NOT NULL)"))
+            db.execute(text("INSERT INTO alembic_version (version_num) VALUES (:head)"),
+                       {"head": head})
+    finally:
+        engine.dispose()
 
 
 @contextlib.contextmanager

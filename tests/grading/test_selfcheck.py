@@ -7,6 +7,7 @@ import os
 import re
 import shlex
 import socket
+import sqlite3
 import subprocess
 import sys
 import time
@@ -29,6 +30,7 @@ from grading_support import (
     write,
 )
 
+from course.apps.scratch import create_gradebook, scripts_on_path
 from course.apps.selfcheck import MISSING_GRADER, check_notebook, format_report, grade, main
 from course.checks import STUDENT_ENV
 
@@ -205,3 +207,27 @@ def test_make_lab_is_offline(tmp_path: Path) -> None:
     finally:
         server.terminate()
         server.wait(timeout=30)
+
+
+def _schema(path: Path) -> tuple[list[tuple[str, str]], list[tuple[str]]]:
+    with sqlite3.connect(path) as db:
+        tables = db.execute("SELECT name, sql FROM sqlite_master ORDER BY name").fetchall()
+        version = db.execute("SELECT version_num FROM alembic_version").fetchall()
+    return tables, version
+
+
+def test_a_new_gradebook_is_the_one_nbgrader_makes(tmp_path: Path) -> None:
+    """The empty gradebook a self-check starts from (made in-process, without nbgrader's
+    ``alembic heads`` subprocess) has nbgrader's own tables and alembic stamp, and
+    nbgrader opens it as one of its own."""
+    from nbgrader.api import Gradebook
+
+    ours, theirs = tmp_path / "ours.db", tmp_path / "theirs.db"
+    create_gradebook(ours)
+    with scripts_on_path(), Gradebook(f"sqlite:///{theirs}"):
+        pass
+    assert _schema(ours) == _schema(theirs)
+    assert len(_schema(ours)[0]) > 10 and len(_schema(ours)[1]) == 1
+    with Gradebook(f"sqlite:///{ours}") as gb:
+        gb.add_student("s1")
+        assert [s.id for s in gb.students] == ["s1"]
