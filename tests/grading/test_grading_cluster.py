@@ -289,11 +289,19 @@ def test_unreachable_scheduler_is_one_line(tmp_path: Path,
                                            capsys: pytest.CaptureFixture[str]) -> None:
     course = make_course(tmp_path / "course", ROOT, [ASSIGNMENT])
     write(submission(RIGHT), submitted(course, "ann"))
+    gradebook = course / "gradebook.db"
+    had_gradebook = gradebook.exists()  # an empty one, when the course was made with one
     address = "tcp://127.0.0.1:9"  # the discard port: nothing listens there
     assert make_grade([ASSIGNMENT, "--course", str(course), "--scheduler", address]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and address in err and err.startswith("make grade:")
-    assert not (course / "gradebook.db").exists()  # nothing written before the cluster answered
+    # Nothing graded or recorded before the cluster answered.
+    assert gradebook.exists() == had_gradebook
+    if had_gradebook:
+        with sqlite3.connect(gradebook) as db:
+            assert db.execute("SELECT COUNT(*) FROM student").fetchone() == (0,)
+            assert db.execute("SELECT COUNT(*) FROM submitted_assignment").fetchone() == (0,)
+    assert not (course / "autograded").exists() and not (course / "grades.csv").exists()
 
 
 def test_a_worker_killed_mid_batch(cluster: Cluster, tmp_path: Path) -> None:
