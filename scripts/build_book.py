@@ -70,6 +70,7 @@ CALCULATOR_DIR = VENDOR_DIR / "calculator"
 CALCULATOR_GLUE = "kvcalc.py"  # packed into kvlib.zip beside kvlib
 CALCULATOR_PAGE = "book/calculator.html"
 LITE_DIR_NAME = "lite"  # the exercises in JupyterLite: _build/html/lite (build_lite.py)
+MPL_STYLE = ROOT / "book" / "course.mplstyle"  # the figures' palette: every kernel reads it
 
 # Hosts the default Sphinx/Jupyter Book templates would load assets from.
 CDN_PATTERN = re.compile(
@@ -221,13 +222,14 @@ def code_fingerprint() -> str:
     """SHA-256 over what the pages run and read, paths and contents: the Python sources of
     kvlib and course (pages import both) with kvlib's bundled JSON, every data file under
     ``book/`` (a chapter's ``data/``, the GPU runs in ``book/data/``) and the GPU check the
-    runs page reads its plan from. Sphinx tracks only the pages themselves."""
+    runs page reads its plan from, and the figures' style. Sphinx tracks only the pages."""
     digest = hashlib.sha256()
     code = (p for name in ("kvlib", "course") for p in (ROOT / name).rglob("*"))
     files = sorted(p for p in code if p.suffix in {".py", ".json"})
     files += sorted(p for p in (ROOT / "book").rglob("*")
                     if p.is_file() and "data" in p.relative_to(ROOT / "book").parts[:-1])
     files.append(ROOT / "scripts" / "gpu_check.py")
+    files.append(MPL_STYLE)
     for path in files:
         digest.update(path.relative_to(ROOT).as_posix().encode())
         digest.update(b"\0")
@@ -417,6 +419,8 @@ def main(argv: list[str] | None = None) -> int:
     # Pages import kvlib from this checkout even where it is not pip-installed.
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    # Every page's kernel draws with the book's accessible palette (book/course.mplstyle).
+    env["MATPLOTLIBRC"] = str(MPL_STYLE)
     command = jupyter_book_command(source, rebuild_all, output, toc, config)
     result = subprocess.run(command, cwd=source, env=env, check=False)
     if result.returncode != 0:
