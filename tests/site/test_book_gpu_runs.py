@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -201,6 +202,17 @@ def _page_runs(tmp_path: Path) -> Path:
     return tmp_path
 
 
+def _cell_code(cell: str) -> str:
+    """A MyST code cell's code: its options dropped, written as ``:key: value`` lines or as
+    a YAML block between ``---`` lines."""
+    lines = cell.splitlines()
+    if lines and lines[0] == "---":
+        lines = lines[lines.index("---", 1) + 1 :]
+    while lines and re.match(r":[\w-]+:", lines[0]):
+        lines = lines[1:]
+    return "\n".join(lines)
+
+
 def test_the_gpu_page_shows_complete_and_partial_runs(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -209,8 +221,6 @@ def test_the_gpu_page_shows_complete_and_partial_runs(
     No GPU run is committed yet, so the page's per-run branches do not execute
     when the book is built; this runs them on test files instead.
     """
-    import re
-
     import IPython.display
     import matplotlib
     import matplotlib.pyplot as plt
@@ -226,8 +236,7 @@ def test_the_gpu_page_shows_complete_and_partial_runs(
     glued: dict[str, Any] = {}
     namespace: dict[str, Any] = {}
     for cell in cells:
-        source = "\n".join(line for line in cell.splitlines() if not line.startswith(":tags:"))
-        exec(source, namespace)
+        exec(_cell_code(cell), namespace)
         namespace["glue"] = lambda key, value, display=True: glued.__setitem__(key, value)
     assert [r.device_name for r in namespace["runs"]] == ["a GPU", "a GPU"]
     assert glued["ch6_gpu_status"] == (
