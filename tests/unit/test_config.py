@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import pickle
 import subprocess
 import sys
 from pathlib import Path
@@ -13,7 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from kvlib import sizing
-from kvlib.config import ConfigError, bundled_models, load_config
+from kvlib.config import ConfigError, ModelConfig, bundled_models, load_config
 from kvlib.weights import params
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -447,3 +449,18 @@ def test_fuzzed_configs_are_sized_or_refused_in_one_line(
         assert status == 2 and out.getvalue() == ""
         line = err.getvalue()
         assert line.startswith("kvlib size: error: ") and line.count("\n") == 1
+
+
+def test_a_configs_hash_is_its_fields_and_is_not_pickled(bundled: ModelConfig) -> None:
+    """The hash a config keeps (worked out once for the cached views) is the hash of its
+    compared fields; a pickled config carries no hash from this process, and one field
+    changed is another config."""
+    again = load_config(bundled.name)
+    assert again == bundled and hash(again) == hash(bundled)
+    compared = [f.name for f in dataclasses.fields(bundled) if f.compare]
+    assert hash(bundled) == hash(tuple(getattr(bundled, name) for name in compared))
+    copied = pickle.loads(pickle.dumps(bundled))
+    assert "_hash" not in copied.__dict__
+    assert copied == bundled and hash(copied) == hash(bundled)
+    other = dataclasses.replace(bundled, num_hidden_layers=bundled.num_hidden_layers + 1)
+    assert other != bundled and {bundled: 1}.get(other) is None
