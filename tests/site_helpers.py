@@ -245,3 +245,37 @@ _ID = re.compile(r"""\bid=["']([^"']+)["']""")
 def html_ids(path: Path) -> frozenset[str]:
     """Every element id in a built HTML file (anchor targets)."""
     return frozenset(_ID.findall(path.read_text(encoding="utf-8", errors="replace")))
+
+
+# -- Browser and colour helpers the site's tests share -------------------------------
+
+# The body of an async function that waits, after load, for MathJax to typeset (when the
+# page has math) and for the fonts: what a reader sees once the page has settled.
+SETTLE_BODY = """
+  if (document.querySelector('.math')) {
+    const deadline = Date.now() + 20000;
+    while (!(window.MathJax && MathJax.startup && MathJax.startup.promise)
+           && Date.now() < deadline) {
+      await new Promise(r => setTimeout(r, 50));
+    }
+    if (window.MathJax && MathJax.startup) { await MathJax.startup.promise; }
+  }
+  await document.fonts.ready;
+"""
+
+
+def srgb_linear(channel: float) -> float:
+    """One sRGB channel (0-1) made linear, as WCAG 2.1's relative luminance takes it."""
+    return channel / 12.92 if channel <= 0.04045 else ((channel + 0.055) / 1.055) ** 2.4
+
+
+def relative_luminance(rgb: tuple[float, float, float]) -> float:
+    """WCAG 2.1's relative luminance of an sRGB colour (channels 0-1)."""
+    r, g, b = (srgb_linear(c) for c in rgb)
+    return 0.2126 * r + 0.7152 * g + 0.0722 * b
+
+
+def contrast_ratio(one: tuple[float, float, float], other: tuple[float, float, float]) -> float:
+    """WCAG 2.1's contrast ratio, (L1 + 0.05) / (L2 + 0.05), from 1 to 21."""
+    light, dark = sorted((relative_luminance(one), relative_luminance(other)), reverse=True)
+    return (light + 0.05) / (dark + 0.05)

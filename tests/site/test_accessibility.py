@@ -30,7 +30,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from site_helpers import ROOT, ensure_site, serve_directory, toc_pages
+from site_helpers import (
+    ROOT,
+    SETTLE_BODY,
+    contrast_ratio,
+    ensure_site,
+    serve_directory,
+    toc_pages,
+)
 
 from course.book.browser import CHROMIUM, CHROMIUM_ARGS
 
@@ -46,20 +53,8 @@ WAIT_MS = 300_000  # Pyodide's or JupyterLite's first start on a busy 2-core mac
 NARROW = 320  # CSS px: 1280 px at 400% zoom (WCAG 1.4.10)
 SERIOUS = ("critical", "serious")
 
-# After load: MathJax typeset and fonts loaded (as test_site.py waits).
-SETTLE_JS = """
-async () => {
-  if (document.querySelector('.math')) {
-    const deadline = Date.now() + 20000;
-    while (!(window.MathJax && MathJax.startup && MathJax.startup.promise)
-           && Date.now() < deadline) {
-      await new Promise(r => setTimeout(r, 50));
-    }
-    if (window.MathJax && MathJax.startup) { await MathJax.startup.promise; }
-  }
-  await document.fonts.ready;
-}
-"""
+# After load: MathJax typeset and fonts loaded.
+SETTLE_JS = f"async () => {{{SETTLE_BODY}}}"
 # Every violation as [impact, rule id, elements, the first element's selector]; and how
 # many rules passed (axe ran on the page).
 AXE_RUN = """async () => {
@@ -236,30 +231,14 @@ def test_reflows_at_320_px(site_run: SiteRun, docname: str) -> None:
     assert seen["contentWidth"] >= NARROW * 0.75, seen
 
 
-def _channel(value: float) -> float:
-    value /= 255
-    return value / 12.92 if value <= 0.04045 else ((value + 0.055) / 1.055) ** 2.4
-
-
-def relative_luminance(rgb: tuple[float, float, float]) -> float:
-    """WCAG 2.1's relative luminance of an sRGB colour (0-255 channels)."""
-    r, g, b = (_channel(c) for c in rgb)
-    return 0.2126 * r + 0.7152 * g + 0.0722 * b
-
-
-def contrast_ratio(one: tuple[float, float, float], other: tuple[float, float, float]) -> float:
-    """WCAG 2.1's contrast ratio, (L1 + 0.05) / (L2 + 0.05), from 1 to 21."""
-    light, dark = sorted((relative_luminance(one), relative_luminance(other)), reverse=True)
-    return (light + 0.05) / (dark + 0.05)
-
-
 def parse_colour(css: str) -> tuple[float, float, float]:
-    """An opaque colour as the browser writes a computed one: rgb(r, g, b) or #rrggbb."""
+    """An opaque colour as the browser writes a computed one, rgb(r, g, b) or #rrggbb,
+    as sRGB channels 0-1."""
     if css.startswith("#") and len(css) == 7:
-        return (int(css[1:3], 16), int(css[3:5], 16), int(css[5:7], 16))
+        return (int(css[1:3], 16) / 255, int(css[3:5], 16) / 255, int(css[5:7], 16) / 255)
     found = re.fullmatch(r"rgba?\((\d+(?:\.\d+)?), (\d+(?:\.\d+)?), (\d+(?:\.\d+)?)(, 1)?\)", css)
     assert found, f"not an opaque colour: {css}"
-    return (float(found[1]), float(found[2]), float(found[3]))
+    return (float(found[1]) / 255, float(found[2]) / 255, float(found[3]) / 255)
 
 
 def test_contrast_formula_matches_wcag() -> None:

@@ -26,6 +26,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from site_helpers import contrast_ratio, srgb_linear
 
 mcolors = pytest.importorskip("matplotlib.colors")
 mpl = pytest.importorskip("matplotlib")
@@ -50,22 +51,6 @@ CYCLE = re.compile(r"C\d")
 # Qualitative colour maps whose light members fail 3:1 (the book's palette replaces them).
 LIGHT_MAPS = re.compile(
     r"""get_cmap\(\s*["'](tab10|tab20[bc]?|Pastel[12]|Set[123]|Accent|Paired)""")
-
-
-# -- WCAG 2.1 --------------------------------------------------------------------------
-
-def _linear(c: float) -> float:
-    return c / 12.92 if c <= 0.04045 else ((c + 0.055) / 1.055) ** 2.4
-
-
-def luminance(rgb: tuple[float, float, float]) -> float:
-    r, g, b = (_linear(c) for c in rgb)
-    return 0.2126 * r + 0.7152 * g + 0.0722 * b
-
-
-def contrast(a: tuple[float, float, float], b: tuple[float, float, float]) -> float:
-    hi, lo = sorted((luminance(a), luminance(b)), reverse=True)
-    return (hi + 0.05) / (lo + 0.05)
 
 
 def dark_theme(rgb: tuple[float, float, float]) -> tuple[float, float, float]:
@@ -100,7 +85,7 @@ def _lab(linear: tuple[float, ...]) -> tuple[float, float, float]:
 
 def seen_as(rgb: tuple[float, float, float], vision: str) -> tuple[float, float, float]:
     """CIELAB of a colour as a reader with ``vision`` ("normal" or a MACHADO key) sees it."""
-    linear = tuple(_linear(c) for c in rgb)
+    linear = tuple(srgb_linear(c) for c in rgb)
     if vision != "normal":
         linear = tuple(min(1.0, max(0.0, sum(m * c for m, c in zip(row, linear, strict=True))))
                        for row in MACHADO[vision])
@@ -165,10 +150,10 @@ def colour_literals(text: str) -> list[tuple[int, str]]:
 
 
 def test_contrast_formula() -> None:
-    assert contrast(WHITE, (0.0, 0.0, 0.0)) == pytest.approx(21)
-    assert contrast(mcolors.to_rgb("#767676"), WHITE) == pytest.approx(4.54, abs=0.01)
-    assert contrast(mcolors.to_rgb("tab:orange"), WHITE) == pytest.approx(2.53, abs=0.01)
-    assert contrast(mcolors.to_rgb("silver"), WHITE) == pytest.approx(1.82, abs=0.01)
+    assert contrast_ratio(WHITE, (0.0, 0.0, 0.0)) == pytest.approx(21)
+    assert contrast_ratio(mcolors.to_rgb("#767676"), WHITE) == pytest.approx(4.54, abs=0.01)
+    assert contrast_ratio(mcolors.to_rgb("tab:orange"), WHITE) == pytest.approx(2.53, abs=0.01)
+    assert contrast_ratio(mcolors.to_rgb("silver"), WHITE) == pytest.approx(1.82, abs=0.01)
     assert dark_theme(WHITE) == pytest.approx((0.86, 0.86, 0.86))
 
 
@@ -189,7 +174,7 @@ def test_the_style_is_what_the_build_reads() -> None:
 @pytest.mark.parametrize("background", ["white", "dark theme"])
 def test_palette_contrast(background: str) -> None:
     shown = (lambda c: c) if background == "white" else dark_theme
-    low = {colour: round(contrast(shown(mcolors.to_rgb(colour)), shown(WHITE)), 2)
+    low = {colour: round(contrast_ratio(shown(mcolors.to_rgb(colour)), shown(WHITE)), 2)
            for colour in palette()}
     assert len(low) >= 10
     assert {c: r for c, r in low.items() if r < TEXT} == {}, low
@@ -210,9 +195,9 @@ def test_palette_first_colours_stay_apart(vision: str) -> None:
 def test_page_colours_meet_3_to_1(page: Path) -> None:
     text = page.read_text(encoding="utf-8")
     cycle = palette()
-    low = [(line, colour, round(contrast(resolve(colour, cycle), WHITE), 2))
+    low = [(line, colour, round(contrast_ratio(resolve(colour, cycle), WHITE), 2))
            for line, colour in colour_literals(text)
            if colour.lower() not in ALLOWED_LIGHT
-           and contrast(resolve(colour, cycle), WHITE) < MARKS]
+           and contrast_ratio(resolve(colour, cycle), WHITE) < MARKS]
     assert low == [], f"{page.name}: colours below {MARKS}:1 on white (line, colour, ratio)"
     assert not LIGHT_MAPS.search(text), "use the book's palette (axes.prop_cycle)"

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from site_helpers import ROOT, ensure_site, serve_directory
+from site_helpers import ROOT, SETTLE_BODY, ensure_site, serve_directory
 
 from course.book.browser import CHROMIUM, CHROMIUM_ARGS
 
@@ -115,16 +115,7 @@ def test_text_outputs_fit(built_site: Path, docname: str) -> None:
 # After load and MathJax, how far the page reaches past the window's right edge, and the
 # elements that stick out (outside any box that scrolls on its own).
 OVERFLOW_JS = """
-async () => {
-  if (document.querySelector('.math')) {
-    const deadline = Date.now() + 20000;
-    while (!(window.MathJax && MathJax.startup && MathJax.startup.promise)
-           && Date.now() < deadline) {
-      await new Promise(r => setTimeout(r, 50));
-    }
-    if (window.MathJax && MathJax.startup) { await MathJax.startup.promise; }
-  }
-  await document.fonts.ready;
+async () => {""" + SETTLE_BODY + """
   const root = document.documentElement;
   const width = root.clientWidth;
   const scrolls = e => {
