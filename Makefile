@@ -11,10 +11,14 @@ TEST_WORKERS ?= $(shell $(PYTHON) -c "import os; print((os.cpu_count() or 1) + 1
 
 .PHONY: book test lint unit release check lab serve browser book-deps grading-deps system-deps clean
 
+# --no-compile: pip would byte-compile every installed module, serially (about half the
+# install's time, most of it torch's); Python compiles and caches what is imported, once.
 $(STAMP): requirements.txt constraints.txt pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --disable-pip-version-check -r requirements.txt -c constraints.txt
-	$(PY) -m pip install --quiet --disable-pip-version-check --no-deps --no-build-isolation -e .
+	$(PY) -m pip install --quiet --disable-pip-version-check --no-compile \
+	  -r requirements.txt -c constraints.txt
+	$(PY) -m pip install --quiet --disable-pip-version-check --no-compile --no-deps \
+	  --no-build-isolation -e .
 	touch $@
 
 ## book: build the site into _build/html (warnings are errors); exercises/ is committed and

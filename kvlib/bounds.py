@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from kvlib._validate import require_fraction, require_int, require_positive
 from kvlib.config import ModelConfig
 from kvlib.hardware import VLLM_GPU_MEMORY_UTILIZATION, GPUSpec, vllm_budget_bytes
-from kvlib.sizing import kv_bytes_by_layer, max_context_tokens
+from kvlib.sizing import max_context_tokens
 from kvlib.specs import CacheSpec
 from kvlib.view import expected_experts_touched, model_view
 from kvlib.weights.params import weight_bytes
@@ -140,9 +140,15 @@ def kv_bytes_per_gpu(
     error = tp_error(cfg, tp)
     if error:
         raise ValueError(error)
-    by_layer = kv_bytes_by_layer(cfg, context_tokens, kv_dtype)
-    shares = [layer.tp_share(tp) for layer in cfg.layers]
-    return sum(b * s.numerator // s.denominator for b, s in zip(by_layer, shares, strict=True))
+    require_int(context_tokens, "context_tokens")
+    # Layers with one spec hold the same bytes: each distinct spec once, times its count
+    # (the sum kvlib.sizing.kv_bytes_by_layer spells out layer by layer).
+    total = 0
+    for spec, count in model_view(cfg).layer_groups:
+        share = spec.tp_share(tp)
+        total += count * (spec.bytes_for_context(context_tokens, kv_dtype) * share.numerator
+                          // share.denominator)
+    return total
 
 
 def min_gpus(
@@ -212,9 +218,9 @@ def prefill_attention_flops(cfg: ModelConfig, prompt_tokens: int) -> int:
     (:meth:`kvlib.specs.MLALatent.attention_flops_per_pair`).
     """
     return sum(
-        spec.attention_pairs(prompt_tokens)
+        count * spec.attention_pairs(prompt_tokens)
         * spec.attention_flops_per_pair(cfg.num_attention_heads, cfg.head_dim)
-        for spec in cfg.layers
+        for spec, count in model_view(cfg).layer_groups
     )
 
 

@@ -219,9 +219,9 @@ def decode_attention_flops(cfg: ModelConfig, context_tokens: int) -> int:
     the keys a layer keeps for query ``T + 1`` (``min(T + 1, W)`` in a window)."""
     require_int(context_tokens, "context_tokens")
     flops = 0
-    for spec in cfg.layers:
+    for spec, count in model_view(cfg).layer_groups:  # layers with one spec: the same FLOPs
         keys = attention_pairs(spec, context_tokens + 1) - attention_pairs(spec, context_tokens)
-        flops += keys * spec.decode_flops_per_key(cfg.num_attention_heads, cfg.head_dim)
+        flops += count * keys * spec.decode_flops_per_key(cfg.num_attention_heads, cfg.head_dim)
     return flops
 
 

@@ -54,6 +54,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from fractions import Fraction
@@ -62,6 +63,7 @@ from typing import TypeVar, cast
 from kvlib._validate import cdiv, require_int
 from kvlib.config import ConfigError, ModelConfig
 from kvlib.dtypes import bytes_for, require_dtype
+from kvlib.specs import CacheSpec
 from kvlib.weights.layouts import UnknownLayout, WeightGroup, weight_groups
 from kvlib.weights.quantized import ShippedWeights, shipped_bytes
 
@@ -152,6 +154,16 @@ class ModelView:
         if key not in self._memo:
             self._memo[key] = make()
         return cast(_T, self._memo[key])
+
+    @functools.cached_property
+    def layer_groups(self) -> tuple[tuple[CacheSpec, int], ...]:
+        """Each distinct layer cache spec and how many layers have it, in first-seen order.
+
+        A sum over layers is a sum over these pairs, ``count x term(spec)``: a dense model
+        has one spec for all its layers, so the step model's per-layer sums, evaluated
+        millions of times in a simulation, do one layer's arithmetic instead of 32-126.
+        """
+        return tuple(Counter(self.cfg.layers).items())
 
     @functools.cached_property
     def groups(self) -> tuple[WeightGroup, ...]:
@@ -264,6 +276,9 @@ class ModelView:
     def tp_error(self, tp: int) -> str | None:
         """Why ``tp`` cannot serve this model (one line naming the fix), or None."""
         require_int(tp, "tp", 1)
+        return self.memo(("tp_error", tp), lambda: self._tp_error(tp))
+
+    def _tp_error(self, tp: int) -> str | None:
         heads = self.cfg.num_attention_heads
         if tp > heads:  # no degree above the head count splits the heads
             return (f"tp={tp} is more GPUs than the {heads} attention heads of "

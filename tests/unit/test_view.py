@@ -162,3 +162,30 @@ def test_kv_projections_are_replicated_past_the_kv_heads() -> None:
     )
     assert bounds.weight_bytes_per_gpu(cfg, 4, "bf16") == expected
     assert bounds.valid_tp_degrees(cfg) == [1, 2, 4, 8]
+
+
+@pytest.mark.parametrize("name", ["Gemma-2-9B", "gpt-oss-20b", "DeepSeek-V3", "Llama-3.1-8B"])
+def test_layer_groups_sum_as_the_layers_do(name: str) -> None:
+    """The per-spec sums the step model takes equal the layer-by-layer sums: cache bytes
+    on each GPU, prefill and decode attention FLOPs, at contexts inside and past a window."""
+    from kvlib.sizing import kv_bytes_by_layer
+    from kvlib.step import attention_pairs, decode_attention_flops
+
+    cfg = load_config(name)
+    groups = model_view(cfg).layer_groups
+    assert sum(count for _, count in groups) == len(cfg.layers)
+    assert len({spec for spec, _ in groups}) == len(groups) == len(set(cfg.layers))
+    heads, dim = cfg.num_attention_heads, cfg.head_dim
+    for tp in bounds.valid_tp_degrees(cfg, 8):
+        for tokens in (0, 1, 17, 4095, 4096, 4097, 131_072):
+            shares = [layer.tp_share(tp) for layer in cfg.layers]
+            by_layer = kv_bytes_by_layer(cfg, tokens, "fp8")
+            assert bounds.kv_bytes_per_gpu(cfg, tokens, "fp8", tp) == sum(
+                b * s.numerator // s.denominator for b, s in zip(by_layer, shares, strict=True))
+    for tokens in (0, 1, 4095, 4096, 4097, 131_072):
+        assert bounds.prefill_attention_flops(cfg, tokens) == sum(
+            spec.attention_pairs(tokens) * spec.attention_flops_per_pair(heads, dim)
+            for spec in cfg.layers)
+        assert decode_attention_flops(cfg, tokens) == sum(
+            (attention_pairs(spec, tokens + 1) - attention_pairs(spec, tokens))
+            * spec.decode_flops_per_key(heads, dim) for spec in cfg.layers)
