@@ -5,13 +5,14 @@ Kept free of pytest so that each piece can be read on its own.
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import http.server
 import re
 import subprocess
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -262,6 +263,33 @@ SETTLE_BODY = """
   }
   await document.fonts.ready;
 """
+
+
+async def visit_in_tabs(
+    context: Any,
+    docnames: Iterable[str],
+    visit: Callable[[Any, str], Awaitable[None]],
+    tabs: int,
+) -> None:
+    """``await visit(page, docname)`` for every docname, on ``tabs`` tabs of ``context``
+    that each load page after page.
+
+    A page loaded in a tab that already showed one of the site's pages reuses that tab's
+    renderer process; a new tab per page started a renderer each time, about 0.3 CPU
+    seconds of the 0.8 a page took (measured on 20 chapter pages, 2-core machine). A
+    ``visit`` that changes the tab (its viewport, say) puts it back before it returns.
+    """
+    pending = iter(docnames)  # shared: each tab takes the next page when it is free
+
+    async def tab() -> None:
+        page = await context.new_page()
+        try:
+            for docname in pending:
+                await visit(page, docname)
+        finally:
+            await page.close()
+
+    await asyncio.gather(*(tab() for _ in range(tabs)))
 
 
 def srgb_linear(channel: float) -> float:

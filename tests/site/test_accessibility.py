@@ -37,6 +37,7 @@ from site_helpers import (
     ensure_site,
     serve_directory,
     toc_pages,
+    visit_in_tabs,
 )
 
 from course.book.browser import CHROMIUM, CHROMIUM_ARGS
@@ -50,6 +51,7 @@ PAGES = [p.docname for p in toc_pages()]
 AXE_PAGES = [*PAGES, LITE]
 CONCURRENT_PAGES = 3
 WAIT_MS = 300_000  # Pyodide's or JupyterLite's first start on a busy 2-core machine
+WIDE = 1280  # CSS px: the desktop window every page is checked in first
 NARROW = 320  # CSS px: 1280 px at 400% zoom (WCAG 1.4.10)
 SERIOUS = ("critical", "serious")
 
@@ -153,41 +155,53 @@ async def _visit_all(base_url: str, run: SiteRun) -> None:
                 run.remote.append(route.request.url)
                 await route.abort()
 
-        slots = asyncio.Semaphore(CONCURRENT_PAGES)
+        async def visit(page: Any, docname: str) -> None:
+            await _visit(page, base_url, docname, run)
+
         try:
-            context = await browser.new_context(viewport={"width": 1280, "height": 900})
+            context = await browser.new_context(viewport={"width": WIDE, "height": 900})
             await context.route("**/*", guard)
-            await asyncio.gather(*(_visit(context, slots, base_url, d, run) for d in AXE_PAGES))
+            await visit_in_tabs(context, PAGES, visit, CONCURRENT_PAGES)
+            # JupyterLite's landing page in a tab of its own: it installs a service worker.
+            lite = await context.new_page()
+            try:
+                await _visit(lite, base_url, LITE, run)
+            finally:
+                await lite.close()
             await context.close()
         finally:
             await browser.close()
 
 
-async def _visit(context: Any, slots: asyncio.Semaphore, base_url: str, docname: str,
-                 run: SiteRun) -> None:
-    async with slots:
-        page = await context.new_page()
-        page.on("pageerror", lambda exc: run.errors.append(f"{docname}: {exc}"))
-        try:
-            if docname == LITE:
-                await _open_lite(page, base_url)
-            else:
-                await page.goto(f"{base_url}{docname}.html", wait_until="load")
-                await page.evaluate(SETTLE_JS)
-            if docname == CALCULATOR:
-                await page.wait_for_function(
-                    f"() => {CALCULATOR_STATE}.state === 'ready' && {CALCULATOR_STATE}.plot"
-                    " === 'done'", timeout=WAIT_MS)
-                run.plot_colours = await page.evaluate(PLOT_COLOURS_JS)
-            await page.add_script_tag(path=str(AXE))
-            run.axe[docname] = await page.evaluate(AXE_RUN)
-            if docname in (CALCULATOR, LITE):
-                await page.set_viewport_size({"width": NARROW, "height": 900})
-                await page.wait_for_timeout(500)  # let the layout settle
-                content = "#jp-main-dock-panel" if docname == LITE else "article.bd-article"
-                run.reflow[docname] = await page.evaluate(REFLOW_JS, content)
-        finally:
-            await page.close()
+async def _visit(page: Any, base_url: str, docname: str, run: SiteRun) -> None:
+    """axe on one page once it has settled; the calculator's plot colours, and the
+    calculator and lite pages at 320 px (the tab is put back to its width after)."""
+
+    def on_error(exc: Any) -> None:
+        run.errors.append(f"{docname}: {exc}")
+
+    page.on("pageerror", on_error)
+    try:
+        if docname == LITE:
+            await _open_lite(page, base_url)
+        else:
+            await page.goto(f"{base_url}{docname}.html", wait_until="load")
+            await page.evaluate(SETTLE_JS)
+        if docname == CALCULATOR:
+            await page.wait_for_function(
+                f"() => {CALCULATOR_STATE}.state === 'ready' && {CALCULATOR_STATE}.plot"
+                " === 'done'", timeout=WAIT_MS)
+            run.plot_colours = await page.evaluate(PLOT_COLOURS_JS)
+        await page.add_script_tag(path=str(AXE))
+        run.axe[docname] = await page.evaluate(AXE_RUN)
+        if docname in (CALCULATOR, LITE):
+            await page.set_viewport_size({"width": NARROW, "height": 900})
+            await page.wait_for_timeout(500)  # let the layout settle
+            content = "#jp-main-dock-panel" if docname == LITE else "article.bd-article"
+            run.reflow[docname] = await page.evaluate(REFLOW_JS, content)
+            await page.set_viewport_size({"width": WIDE, "height": 900})
+    finally:
+        page.remove_listener("pageerror", on_error)
 
 
 async def _open_lite(page: Any, base_url: str) -> None:

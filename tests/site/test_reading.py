@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from site_helpers import ROOT, SETTLE_BODY, ensure_site, serve_directory
+from site_helpers import ROOT, SETTLE_BODY, ensure_site, serve_directory, visit_in_tabs
 
 from course.book.browser import CHROMIUM, CHROMIUM_ARGS
 
@@ -151,7 +151,6 @@ async def _measure_overflow(base_url: str) -> dict[tuple[str, int], dict[str, An
     from playwright.async_api import async_playwright
 
     found: dict[tuple[str, int], dict[str, Any]] = {}
-    slots = asyncio.Semaphore(4)
     widest, *narrower = sorted(WIDTHS, reverse=True)
     async with async_playwright() as playwright:
         browser = await playwright.chromium.launch(
@@ -165,21 +164,19 @@ async def _measure_overflow(base_url: str) -> dict[tuple[str, int], dict[str, An
             else:
                 await route.abort()
 
-        async def visit(context: Any, docname: str) -> None:
-            async with slots:
-                page = await context.new_page()
-                await page.goto(f"{base_url}{docname}.html", wait_until="load")
-                found[docname, widest] = await page.evaluate(OVERFLOW_JS)
-                for width in narrower:
-                    await page.set_viewport_size({"width": width, "height": 900})
-                    await page.wait_for_timeout(100)  # let the layout settle
-                    found[docname, width] = await page.evaluate(OVERFLOW_JS)
-                await page.close()
+        async def visit(page: Any, docname: str) -> None:
+            await page.set_viewport_size({"width": widest, "height": 900})
+            await page.goto(f"{base_url}{docname}.html", wait_until="load")
+            found[docname, widest] = await page.evaluate(OVERFLOW_JS)
+            for width in narrower:
+                await page.set_viewport_size({"width": width, "height": 900})
+                await page.wait_for_timeout(100)  # let the layout settle
+                found[docname, width] = await page.evaluate(OVERFLOW_JS)
 
         try:
             context = await browser.new_context(viewport={"width": widest, "height": 900})
             await context.route("**/*", guard)
-            await asyncio.gather(*(visit(context, d) for d in PAGES))
+            await visit_in_tabs(context, PAGES, visit, tabs=4)
             await context.close()
         finally:
             await browser.close()

@@ -30,6 +30,7 @@ from site_helpers import (
     source_has_math,
     source_has_plot,
     toc_pages,
+    visit_in_tabs,
 )
 
 from course.book.browser import CHROMIUM, CHROMIUM_ARGS
@@ -183,29 +184,37 @@ async def _visit_all(run: BrowserRun) -> None:
             lambda request: run.failed_requests.append(f"{request.url}: {request.failure}"),
         )
         context.on("response", on_response)
-        slots = asyncio.Semaphore(CONCURRENT_PAGES)
+        pages = {p.docname: p for p in toc_pages()}
+
+        async def visit(page: Any, docname: str) -> None:
+            await _visit(page, run, pages[docname])
+
         try:
-            await asyncio.gather(*(_visit(context, slots, run, p) for p in toc_pages()))
+            await visit_in_tabs(context, pages, visit, CONCURRENT_PAGES)
         finally:
             await context.close()
             await browser.close()
 
 
-async def _visit(context: Any, slots: asyncio.Semaphore, run: BrowserRun, info: TocPage) -> None:
+async def _visit(page: Any, run: BrowserRun, info: TocPage) -> None:
     """One page: load it, let MathJax and the fonts finish, record the report."""
-    async with slots:
-        page = await context.new_page()
-        errors: list[str] = []
-        page.on("pageerror", lambda exc: errors.append(str(exc)))
+    errors: list[str] = []
+
+    def on_error(exc: Any) -> None:
+        errors.append(str(exc))
+
+    page.on("pageerror", on_error)
+    try:
         response = await page.goto(run.base_url + info.url_path, wait_until="load")
         report = await page.evaluate(PAGE_REPORT_JS)
         if info.docname.startswith(CHAPTER_1):
             shot = ARTIFACTS / f"{info.docname.replace('/', '_')}.png"
             await page.screenshot(path=str(shot), full_page=True)
             run.screenshots.append(shot)
-        run.visits[info.docname] = Visit(info, response.status if response else None, report,
-                                         errors)
-        await page.close()
+    finally:
+        page.remove_listener("pageerror", on_error)
+    run.visits[info.docname] = Visit(info, response.status if response else None, report,
+                                     errors)
 
 
 PAGES = toc_pages()
