@@ -9,7 +9,10 @@ from a CDN and PyPI; this build serves every file from the site instead:
 2. Pyodide: the same core the calculator page uses (``_vendor/pyodide``, the npm package
    pinned in package-lock.json), copied to ``lite/static/pyodide``.
 3. The kernel's Python packages: the wheels of ``lite/kernel-wheels.txt`` (versions
-   and PyPI hashes pinned; ``pip download --require-hashes``), served beside Pyodide.
+   and PyPI hashes pinned; ``pip download --require-hashes``), served beside Pyodide,
+   each module compiled to Pyodide's bytecode (scripts/pyodide_compile.py) so that the
+   kernel does not compile IPython and its closure again at every start; Pyodide's
+   standard library zip is served compiled the same way.
    Pyodide's ``pyodide-lock.json`` is cut down to those packages, each entry's
    ``sha256`` rewritten for the file served (Pyodide's lock names its own builds).
    The kernel's own wheels (piplite, pyodide-kernel, its ipykernel stand-in, shipped
@@ -52,6 +55,7 @@ from pathlib import Path
 from typing import Any
 
 import pack_kvlib  # scripts/pack_kvlib.py, beside this file
+import pyodide_compile  # scripts/pyodide_compile.py, beside this file
 
 ROOT = Path(__file__).resolve().parent.parent
 LITE_SOURCE = ROOT / "lite"
@@ -99,7 +103,8 @@ class LiteBuildError(Exception):
 
 
 def _inputs() -> list[Path]:
-    files = [Path(__file__), ROOT / "scripts" / "pack_kvlib.py", ROOT / "pyproject.toml",
+    files = [Path(__file__), ROOT / "scripts" / "pack_kvlib.py",
+             ROOT / "scripts" / "pyodide_compile.py", ROOT / "pyproject.toml",
              ROOT / "course" / "notebooks" / "hidden.py", ROOT / "course" / "apps" / "selfcheck.py",
              ROOT / "package-lock.json"]
     for folder in ("kvlib", "course/checks", "exercises", "solutions", "lite"):
@@ -180,6 +185,30 @@ def fetch_wheels(python_version: str) -> dict[str, Path]:
     if missing:
         raise LiteBuildError(f"wheels missing or with a wrong sha256: {', '.join(missing)}")
     return found
+
+
+def compiled_python(wheels: dict[str, Path], pyodide_dir: Path) -> tuple[dict[str, Path], Path]:
+    """The wheels and Pyodide's standard library zip with their modules compiled by
+    Pyodide's CPython (scripts/pyodide_compile.py): name -> compiled wheel, and the
+    compiled zip. Kept in _build/lite/compiled/KEY, compiled again only when a wheel,
+    Pyodide or the compiler changed."""
+    digest = hashlib.sha256()
+    inputs = [*sorted(wheels.values()), pyodide_dir / "pyodide.asm.wasm",
+              pyodide_dir / pyodide_compile.STDLIB_ZIP, Path(pyodide_compile.__file__)]
+    for path in inputs:
+        digest.update(path.name.encode() + b"\0" + _sha256(path).encode() + b"\n")
+    folder = CACHE_DIR / "compiled" / digest.hexdigest()[:16]
+    if not folder.is_dir():
+        shutil.rmtree(CACHE_DIR / "compiled", ignore_errors=True)
+        partial = folder.with_name(folder.name + ".partial")
+        try:
+            pyodide_compile.compile_wheels(sorted(wheels.values()), pyodide_dir, partial)
+            pyodide_compile.compile_stdlib(pyodide_dir, partial)
+        except pyodide_compile.CompileError as exc:
+            raise LiteBuildError(str(exc)) from None
+        partial.rename(folder)  # whole or absent: a build stopped half-way compiles again
+    compiled = {name: folder / path.name for name, path in wheels.items()}
+    return compiled, folder / pyodide_compile.STDLIB_ZIP
 
 
 def kvlib_version() -> str:
@@ -419,13 +448,14 @@ def _build_locked(output: Path, pyodide_dir: Path, exercises: Path) -> None:
         raise LiteBuildError(f"{source_lock} is missing: build_book.py copies Pyodide first")
     info = json.loads(source_lock.read_text(encoding="utf-8"))["info"]
     python = ".".join(str(info["python"]).split(".")[:2])
-    wheels = fetch_wheels(python)
+    # Compiled once here, not at every start of the learner's kernel (pyodide_compile.py).
+    wheels, stdlib = compiled_python(fetch_wheels(python), pyodide_dir)
     sys.path.insert(0, str(LITE_PY))
     try:
         with tempfile.TemporaryDirectory(prefix="kvlib-lite-") as tmp_name:
             tmp = Path(tmp_name)
             extra = build_wheels(tmp / "wheels")
-            _build_site(tmp, wheels, extra, pyodide_dir, python, exercises)
+            _build_site(tmp, wheels, extra, pyodide_dir, stdlib, python, exercises)
             site = tmp / "site"
             stale = output.with_name(f".{output.name}.old")
             shutil.rmtree(stale, ignore_errors=True)
@@ -442,7 +472,7 @@ def _build_locked(output: Path, pyodide_dir: Path, exercises: Path) -> None:
 
 
 def _build_site(tmp: Path, wheels: dict[str, Path], extra: dict[str, Path],
-                pyodide_dir: Path, python: str, exercises: Path) -> None:
+                pyodide_dir: Path, stdlib: Path, python: str, exercises: Path) -> None:
     contents = tmp / "contents"
     metadata = kernel_metadata()
     for notebook in sorted(exercises.glob("*/*.ipynb")):
@@ -469,7 +499,7 @@ def _build_site(tmp: Path, wheels: dict[str, Path], extra: dict[str, Path],
     pyodide = site / PYODIDE_SUBDIR
     pyodide.mkdir(parents=True)
     for name in PYODIDE_CORE:
-        shutil.copyfile(pyodide_dir / name, pyodide / name)
+        shutil.copyfile(stdlib if name == stdlib.name else pyodide_dir / name, pyodide / name)
     served = {name: path for name, path in wheels.items() if name not in PIPLITE_ONLY}
     kernel_pypi = site / "extensions" / "@jupyterlite" / "pyodide-kernel-extension" / "static"
     kernel_wheel = {_wheel_name(p): p for p in (kernel_pypi / "pypi").glob("*.whl")}

@@ -37,6 +37,7 @@ BUILD_INPUTS = [
     "scripts/gpu_check.py",
     "scripts/pack_kvlib.py",
     "scripts/build_lite.py",
+    "scripts/pyodide_compile.py",
     "lite",
     "package.json",
     "package-lock.json",

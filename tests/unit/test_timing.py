@@ -216,11 +216,23 @@ def test_no_gpu_no_gpu_time() -> None:
 
 
 def test_sweep_times_each_case_in_order() -> None:
-    results = sweep([0.001, 0.003], lambda s: Counted(s), device="cpu", progress=False,
+    """Result ``i`` times the function made for size ``i``: its calls are that result's
+    repetitions, and every repetition holds that function's sleep. (Comparing the two
+    medians instead failed on a loaded machine: one preempted repetition of the 1 ms case
+    took 32 ms.)"""
+    made: list[Counted] = []
+
+    def make(seconds: float) -> Counted:
+        made.append(Counted(seconds))
+        return made[-1]
+
+    results = sweep([0.001, 0.003], make, device="cpu", progress=False,
                     cache="warm", rep_s=0.01, min_reps=2)
     assert [r.device for r in results] == ["cpu", "cpu"]
-    assert results[0].median_s >= 0.001 and results[1].median_s >= 0.003
-    assert results[1].median_s > results[0].median_s
+    assert [fn.seconds for fn in made] == [0.001, 0.003]
+    for fn, result in zip(made, results, strict=True):
+        assert fn.calls == 1 + 5 + result.warmup_reps + result.reps
+        assert min(result.times_s) >= fn.seconds
 
 
 def test_sweep_progress_bar_goes_to_stderr(capsys: pytest.CaptureFixture[str]) -> None:
