@@ -27,7 +27,7 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-__all__ = ["CompileError", "compile_stdlib", "compile_wheels"]
+__all__ = ["CompileError", "compile_stdlib", "compile_wheels", "run_in_pyodide"]
 
 NODE_TIMEOUT_S = 600
 STDLIB_ZIP = "python_stdlib.zip"
@@ -118,13 +118,29 @@ class CompileError(Exception):
     """Pyodide could not compile the files; the message says why and what to fix."""
 
 
-def _compile(jobs: list[tuple[Path, str]], pyodide_dir: Path, output: Path) -> dict[str, int]:
-    """Each (zip, kind) of ``jobs`` written compiled into ``output`` under its own name;
-    returns name -> modules kept as source."""
+def run_in_pyodide(pyodide_dir: Path, work: Path, program: str) -> str:
+    """Run the Python ``program`` in the Pyodide of ``pyodide_dir`` under Node.js, with the
+    host folder ``work`` mounted at /work; returns what it printed."""
     node = shutil.which("node") or shutil.which("nodejs")
     if node is None:
         raise CompileError("Node.js is not installed; it runs Pyodide to compile the kernel's "
                            "Python (Debian: apt-get install nodejs npm)")
+    try:
+        done = subprocess.run(
+            [node, "-e", _NODE_SCRIPT, str(pyodide_dir.resolve()), str(work), program],
+            capture_output=True, text=True, timeout=NODE_TIMEOUT_S, check=False,
+        )
+    except subprocess.TimeoutExpired:
+        raise CompileError(f"Pyodide in Node.js took over {NODE_TIMEOUT_S} s") from None
+    if done.returncode != 0:
+        raise CompileError(f"Pyodide in Node.js failed:\n{done.stdout[-2000:]}"
+                           f"{done.stderr[-2000:]}")
+    return done.stdout
+
+
+def _compile(jobs: list[tuple[Path, str]], pyodide_dir: Path, output: Path) -> dict[str, int]:
+    """Each (zip, kind) of ``jobs`` written compiled into ``output`` under its own name;
+    returns name -> modules kept as source."""
     with tempfile.TemporaryDirectory(prefix="kvlib-compile-") as tmp_name:
         work = Path(tmp_name)
         (work / "in").mkdir()
@@ -134,18 +150,10 @@ def _compile(jobs: list[tuple[Path, str]], pyodide_dir: Path, output: Path) -> d
             shutil.copyfile(path, work / "in" / path.name)
             spec.append([f"/work/in/{path.name}", f"/work/out/{path.name}", kind])
         (work / "jobs.json").write_text(json.dumps(spec), encoding="utf-8")
-        try:
-            done = subprocess.run(
-                [node, "-e", _NODE_SCRIPT, str(pyodide_dir.resolve()), str(work),
-                 _PYTHON_PROGRAM], capture_output=True, text=True, timeout=NODE_TIMEOUT_S,
-                check=False,
-            )
-        except subprocess.TimeoutExpired:
-            raise CompileError(f"Pyodide in Node.js took over {NODE_TIMEOUT_S} s") from None
+        run_in_pyodide(pyodide_dir, work, _PYTHON_PROGRAM)
         report = work / "report.json"
-        if done.returncode != 0 or not report.is_file():
-            raise CompileError("Pyodide in Node.js could not compile the kernel's Python:\n"
-                               f"{done.stdout[-2000:]}{done.stderr[-2000:]}")
+        if not report.is_file():
+            raise CompileError("Pyodide in Node.js compiled nothing: it wrote no report")
         output.mkdir(parents=True, exist_ok=True)
         for path, _ in jobs:
             shutil.copyfile(work / "out" / path.name, output / path.name)

@@ -12,8 +12,6 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
-import shutil
-import subprocess
 import sys
 import zipfile
 from pathlib import Path
@@ -24,32 +22,20 @@ from site_helpers import ROOT, ensure_site
 sys.path.insert(0, str(ROOT / "scripts"))
 
 from build_lite import PYODIDE_SOURCE, pinned_wheels  # noqa: E402
-from pyodide_compile import STDLIB_ZIP, compile_wheels  # noqa: E402
+from pyodide_compile import STDLIB_ZIP, compile_wheels, run_in_pyodide  # noqa: E402
 
 pytestmark = pytest.mark.site
 
-NODE = shutil.which("node") or shutil.which("nodejs")
 # CPython's pyc header: magic (4 bytes), flags (4: bit 0 hash-based, bit 1 checked), then
 # the source hash (8) and the marshalled code.
 UNCHECKED_HASH = (1).to_bytes(4, "little")
 
 
-def pyodide_magic() -> bytes:
+def pyodide_magic(tmp: Path) -> bytes:
     """importlib's MAGIC_NUMBER as the vendored Pyodide's CPython reports it."""
-    assert NODE, "Node.js is missing: make book installs npm, which brings it"
-    script = """
-const path = require("node:path");
-const { pathToFileURL } = require("node:url");
-(async () => {
-  const dir = process.argv[1];
-  const { loadPyodide } = await import(pathToFileURL(path.join(dir, "pyodide.mjs")));
-  const py = await loadPyodide({ indexURL: dir + path.sep });
-  console.log(py.runPython("import importlib.util; importlib.util.MAGIC_NUMBER.hex()"));
-})();
-"""
-    done = subprocess.run([NODE, "-e", script, str(PYODIDE_SOURCE)], capture_output=True,
-                          text=True, timeout=300, check=True)
-    return bytes.fromhex(done.stdout.strip().splitlines()[-1])
+    out = run_in_pyodide(PYODIDE_SOURCE, tmp,
+                         "import importlib.util; print(importlib.util.MAGIC_NUMBER.hex())")
+    return bytes.fromhex(out.strip().splitlines()[-1])
 
 
 def record_problems(wheel: zipfile.ZipFile) -> list[str]:
@@ -72,15 +58,17 @@ def record_problems(wheel: zipfile.ZipFile) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def magic() -> bytes:
+def magic(tmp_path_factory: pytest.TempPathFactory) -> bytes:
     ensure_site()  # vendors Pyodide
-    return pyodide_magic()
+    return pyodide_magic(tmp_path_factory.mktemp("pyodide"))
 
 
 def _wheel(folder: Path) -> Path:
     path = folder / "demo-1.0-py3-none-any.whl"
     with zipfile.ZipFile(path, "w") as wheel:
-        wheel.writestr("demo/__init__.py", "ANSWER = 6 * 7\n")
+        # A set constant (a frozenset in the bytecode): its bytes must not vary either.
+        wheel.writestr("demo/__init__.py", "ANSWER = 6 * 7\n"
+                       "def named(x):\n    return x in {'alpha', 'beta', 'gamma', 'delta'}\n")
         wheel.writestr("demo/py2_data.py", "print 'a Python 2 statement'\n")
         wheel.writestr("demo/grammar.txt", "not Python\n")
         wheel.writestr("demo-1.0.dist-info/METADATA", "Name: demo\nVersion: 1.0\n")
