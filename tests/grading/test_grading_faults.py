@@ -113,12 +113,20 @@ def _env() -> dict[str, str]:
                 PYTHONUNBUFFERED="1")
 
 
+def _foreground_job() -> None:
+    """In the child, before it runs: Ctrl-C at its default action, as an interactive shell
+    starts a foreground job. A shell without job control starts a background command
+    with SIGINT ignored, every process under it inherits that, and Python then never
+    raises KeyboardInterrupt: a test run started that way would hand it to make grade."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _start(course: Path, *args: str) -> subprocess.Popen[str]:
     """``make grade`` as its own process group, as a terminal runs it."""
     return subprocess.Popen(
         [sys.executable, "-m", "course.apps.batch", ASSIGNMENT, "--course", str(course), *args],
         cwd=course, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        start_new_session=True,
+        start_new_session=True, preexec_fn=_foreground_job,
     )
 
 
