@@ -6,7 +6,7 @@ The limits and the parsing are scripts/measure_pages.py's (run it for the figure
   about code excepted), and a chapter median of at most MEDIAN_CODE_LINE_LIMIT;
 - from the built site (the one test_site.py builds): no line of text output wider than
   TEXT_WIDTH_LIMIT characters;
-- in headless Chromium at 1300, 390 and 320 px: the page never scrolls sideways (a wide
+- in headless Chromium at 1280, 390 and 320 px: the page never scrolls sideways (a wide
   table or formula may scroll inside its own box);
 - from the page sources: every vLLM or transformers source path in the prose links the
   file at a named commit (vLLM) or at the tag of the pinned transformers version, one
@@ -17,19 +17,16 @@ The limits and the parsing are scripts/measure_pages.py's (run it for the figure
 from __future__ import annotations
 
 import ast
-import asyncio
 import json
 import re
 import statistics
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from site_helpers import ROOT, SETTLE_BODY, ensure_site, serve_directory, visit_in_tabs
-
-from course.book.browser import CHROMIUM, CHROMIUM_ARGS
+from site_helpers import ROOT, ensure_site
+from site_tour import WIDTHS
 
 sys.path.insert(0, str(ROOT / "scripts"))
 
@@ -47,7 +44,6 @@ from measure_pages import (  # noqa: E402
 
 PAGES = chapter_docnames((ROOT / "_toc.yml").read_text(encoding="utf-8"))
 CHAPTERS = sorted({chapter_of(d) for d in PAGES})
-WIDTHS = (1300, 390, 320)  # 320: a 1280 px window at 400% zoom (WCAG 1.4.10)
 
 
 def _source(docname: str) -> str:
@@ -112,75 +108,14 @@ def test_text_outputs_fit(built_site: Path, docname: str) -> None:
     )
 
 
-# After load and MathJax, how far the page reaches past the window's right edge, and the
-# elements that stick out (outside any box that scrolls on its own).
-OVERFLOW_JS = """
-async () => {""" + SETTLE_BODY + """
-  const root = document.documentElement;
-  const width = root.clientWidth;
-  const scrolls = e => {
-    for (let p = e.parentElement; p; p = p.parentElement) {
-      const s = getComputedStyle(p).overflowX;
-      if ((s === 'auto' || s === 'scroll' || s === 'hidden') && p !== document.body
-          && p !== root) { return true; }
-    }
-    return false;
-  };
-  const wide = Array.from(document.querySelectorAll('article *'))
-    .filter(e => e.getBoundingClientRect().right > width + 1 && !scrolls(e))
-    .slice(0, 5)
-    .map(e => e.tagName.toLowerCase() + (e.className ? '.' + String(e.className)
-      .split(' ')[0] : ''));
-  return {scrollWidth: root.scrollWidth, clientWidth: width, wide: wide};
-}
-"""
-
-
 @pytest.fixture(scope="module")
-def overflow(built_site: Path) -> Iterator[dict[tuple[str, int], dict[str, Any]]]:
-    """Every chapter page at each width in WIDTHS: how far it scrolls sideways."""
-    if not CHROMIUM.is_file():
-        pytest.fail(f"{CHROMIUM} is missing: run `make browser` (Debian's chromium)")
-    with serve_directory(built_site) as base_url:
-        yield asyncio.run(_measure_overflow(base_url))
-
-
-async def _measure_overflow(base_url: str) -> dict[tuple[str, int], dict[str, Any]]:
-    """Each page is loaded once, at the widest width, then narrowed in place: a second
-    load would typeset its math again for nothing."""
-    from playwright.async_api import async_playwright
-
-    found: dict[tuple[str, int], dict[str, Any]] = {}
-    widest, *narrower = sorted(WIDTHS, reverse=True)
-    async with async_playwright() as playwright:
-        browser = await playwright.chromium.launch(
-            executable_path=str(CHROMIUM), args=CHROMIUM_ARGS, headless=True
-        )
-
-        async def guard(route: Any) -> None:
-            """Nothing leaves the machine: other hosts are refused, as in test_site.py."""
-            if route.request.url.startswith((base_url, "data:", "blob:", "about:")):
-                await route.continue_()
-            else:
-                await route.abort()
-
-        async def visit(page: Any, docname: str) -> None:
-            await page.set_viewport_size({"width": widest, "height": 900})
-            await page.goto(f"{base_url}{docname}.html", wait_until="load")
-            found[docname, widest] = await page.evaluate(OVERFLOW_JS)
-            for width in narrower:
-                await page.set_viewport_size({"width": width, "height": 900})
-                await page.wait_for_timeout(100)  # let the layout settle
-                found[docname, width] = await page.evaluate(OVERFLOW_JS)
-
-        try:
-            context = await browser.new_context(viewport={"width": widest, "height": 900})
-            await context.route("**/*", guard)
-            await visit_in_tabs(context, PAGES, visit, tabs=4)
-            await context.close()
-        finally:
-            await browser.close()
-    return found
+def overflow(site_tour: dict[str, Any]) -> dict[tuple[str, int], dict[str, Any]]:
+    """Every chapter page at each width in WIDTHS: how far it scrolls sideways. The site's
+    tour (tests/site_tour.py) loads each page once, at the widest width, then narrows it
+    in place: a second load would typeset its math again for nothing."""
+    return {(docname, int(width)): seen
+            for docname, page in site_tour["pages"].items()
+            for width, seen in page["overflow"].items()}
 
 
 @pytest.mark.site

@@ -1,20 +1,19 @@
 """The built site, checked in headless Chromium (Debian's /usr/bin/chromium).
 
 The site is built with scripts/build_book.py when _build/html is missing or older than
-its sources, served on 127.0.0.1, and every page of _toc.yml is loaded once. The checks
-then read what the browser saw: rendered pages, typeset math, loaded images, internal
-links that resolve, and not a single request to another host.
+its sources, served on 127.0.0.1, and every page of _toc.yml is loaded once, by the tour
+the site's browser checks share (tests/site_tour.py). The checks then read what the
+browser saw: rendered pages, typeset math, loaded images, internal links that resolve,
+and not a single request to another host.
 """
 
 from __future__ import annotations
 
-import asyncio
 import re
 import shutil
 import subprocess
 import sys
-from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urldefrag, urlsplit
@@ -26,18 +25,14 @@ from site_helpers import (
     TocPage,
     ensure_site,
     html_ids,
-    serve_directory,
     source_has_math,
     source_has_plot,
     toc_pages,
-    visit_in_tabs,
 )
-
-from course.book.browser import CHROMIUM, CHROMIUM_ARGS
+from site_tour import LITE
 
 pytestmark = pytest.mark.site
 
-ARTIFACTS = ROOT / "artifacts"
 CHAPTER_1 = "book/01_kv_cache/"
 MATHJAX_SCRIPT = "_static/mathjax/tex-mml-chtml.js"
 CDN_HOSTS = re.compile(
@@ -47,69 +42,20 @@ CDN_HOSTS = re.compile(
 # TeX left in the visible text means MathJax did not run (or the source was not parsed).
 RAW_TEX = re.compile(r"\$\$|\\\(|\\\)|\\\[|\\\]|\\begin\{|\\frac\{|\$[^\s$][^$\n]*\$")
 
-# Runs in the page after load: waits for MathJax, then reports what a reader would see.
-PAGE_REPORT_JS = """
-async () => {
-  const mathNodes = Array.from(document.querySelectorAll('.math'));
-  let mathjaxError = null;
-  if (mathNodes.length > 0) {
-    const deadline = Date.now() + 20000;
-    while (!(window.MathJax && MathJax.startup && MathJax.startup.promise)) {
-      if (Date.now() > deadline) { mathjaxError = 'MathJax never started'; break; }
-      await new Promise(r => setTimeout(r, 50));
-    }
-    if (!mathjaxError) { await MathJax.startup.promise; }
-  }
-  // The fonts MathJax asked for, then no new resource for 300 ms (at most 10 s): what
-  // "network idle" means, measured in the page.
-  await document.fonts.ready;
-  let seen = -1, quietSince = Date.now();
-  const settle = Date.now() + 10000;
-  while (Date.now() < settle) {
-    const fetched = performance.getEntriesByType('resource').length;
-    if (fetched !== seen) { seen = fetched; quietSince = Date.now(); }
-    else if (Date.now() - quietSince >= 300) { break; }
-    await new Promise(r => setTimeout(r, 50));
-  }
-  const article = document.querySelector('article.bd-article') || document.querySelector('main');
-  let prose = '';
-  if (article) {
-    const clone = article.cloneNode(true);
-    clone.querySelectorAll('pre, code, mjx-container, script, style, .highlight')
-      .forEach(e => e.remove());
-    prose = clone.textContent;
-  }
-  const h1 = article ? article.querySelector('h1') : null;
-  return {
-    title: document.title,
-    h1: h1 ? h1.textContent.trim() : '',
-    articleTextLength: article ? article.textContent.trim().length : 0,
-    prose: prose,
-    mathNodes: mathNodes.length,
-    untypesetMath: mathNodes.filter(n => !n.querySelector('mjx-container')).length,
-    mjxContainers: document.querySelectorAll('mjx-container').length,
-    mjxErrors: Array.from(document.querySelectorAll('mjx-merror, [data-mjx-error]'))
-      .map(e => e.getAttribute('data-mjx-error') || e.textContent),
-    mathjaxError: mathjaxError,
-    mathjaxScripts: Array.from(document.querySelectorAll('script[src*="mathjax"]'))
-      .map(s => s.src),
-    images: Array.from(document.images).map(i => ({
-      src: i.currentSrc || i.src, complete: i.complete, naturalWidth: i.naturalWidth,
-      inArticle: article ? article.contains(i) : false})),
-    links: Array.from(document.querySelectorAll('a[href]')).map(a => a.href),
-  };
-}
-"""
+
+@pytest.fixture(scope="module")
+def built_site() -> Path:
+    """_build/html, rebuilt first when it is missing or older than its sources."""
+    return ensure_site()
 
 
 @dataclass
 class Visit:
     """What the browser saw on one page."""
 
-    page: TocPage
     status: int | None
     report: dict[str, Any]
-    page_errors: list[str] = field(default_factory=list)
+    page_errors: list[str]
 
 
 @dataclass
@@ -123,98 +69,16 @@ class BrowserRun:
     screenshots: list[Path]
 
 
-def _require_chromium() -> None:
-    if not CHROMIUM.is_file():
-        pytest.fail(
-            f"{CHROMIUM} is missing: the site tests need Debian's Chromium. Run `make browser` "
-            "(apt-get install chromium); a browser is never downloaded."
-        )
-
-
 @pytest.fixture(scope="module")
-def built_site() -> Path:
-    """_build/html, rebuilt first when it is missing or older than its sources."""
-    return ensure_site()
-
-
-# Pages loaded at once: a visit mostly waits (MathJax, fonts, the network falling quiet),
-# so a few in flight take a fraction of the time of one after another.
-CONCURRENT_PAGES = 4
-
-
-@pytest.fixture(scope="module")
-def browser_run(built_site: Path) -> Iterator[BrowserRun]:
-    """Load every toc page once in Chromium and record everything the checks need."""
-    _require_chromium()
-    ARTIFACTS.mkdir(exist_ok=True)
-    with serve_directory(built_site) as base_url:
-        run = BrowserRun(base_url, {}, [], [], [], [], [])
-        asyncio.run(_visit_all(run))
-        run.screenshots.sort()
-        yield run
-
-
-async def _visit_all(run: BrowserRun) -> None:
-    from playwright.async_api import Route, async_playwright
-
-    base_url = run.base_url
-
-    async def guard(route: Route) -> None:
-        url = route.request.url
-        if url.startswith((base_url, "data:", "blob:", "about:")):
-            await route.continue_()
-        else:
-            run.remote_requests.append(url)
-            await route.abort()
-
-    def on_response(response: Any) -> None:
-        if response.status >= 400:
-            run.bad_responses.append(f"{response.status} {response.url}")
-        if response.url.endswith(".woff"):
-            run.font_responses.append((response.url, response.status))
-
-    async with async_playwright() as playwright:
-        browser = await playwright.chromium.launch(
-            executable_path=str(CHROMIUM), args=CHROMIUM_ARGS, headless=True
-        )
-        context = await browser.new_context(viewport={"width": 1280, "height": 900})
-        await context.route("**/*", guard)
-        context.on(
-            "requestfailed",
-            lambda request: run.failed_requests.append(f"{request.url}: {request.failure}"),
-        )
-        context.on("response", on_response)
-        pages = {p.docname: p for p in toc_pages()}
-
-        async def visit(page: Any, docname: str) -> None:
-            await _visit(page, run, pages[docname])
-
-        try:
-            await visit_in_tabs(context, pages, visit, CONCURRENT_PAGES)
-        finally:
-            await context.close()
-            await browser.close()
-
-
-async def _visit(page: Any, run: BrowserRun, info: TocPage) -> None:
-    """One page: load it, let MathJax and the fonts finish, record the report."""
-    errors: list[str] = []
-
-    def on_error(exc: Any) -> None:
-        errors.append(str(exc))
-
-    page.on("pageerror", on_error)
-    try:
-        response = await page.goto(run.base_url + info.url_path, wait_until="load")
-        report = await page.evaluate(PAGE_REPORT_JS)
-        if info.docname.startswith(CHAPTER_1):
-            shot = ARTIFACTS / f"{info.docname.replace('/', '_')}.png"
-            await page.screenshot(path=str(shot), full_page=True)
-            run.screenshots.append(shot)
-    finally:
-        page.remove_listener("pageerror", on_error)
-    run.visits[info.docname] = Visit(info, response.status if response else None, report,
-                                     errors)
+def browser_run(site_tour: dict[str, Any]) -> BrowserRun:
+    """Every toc page as the site's tour loaded it (tests/site_tour.py), with what the
+    browser fetched while it did."""
+    visits = {docname: Visit(seen["status"], seen["report"], seen["errors"])
+              for docname, seen in site_tour["pages"].items() if docname != LITE}
+    return BrowserRun(site_tour["base_url"], visits, site_tour["remote"], site_tour["failed"],
+                      site_tour["bad_responses"],
+                      [(url, status) for url, status in site_tour["fonts"]],
+                      [Path(shot) for shot in site_tour["screenshots"]])
 
 
 PAGES = toc_pages()
