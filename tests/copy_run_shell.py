@@ -93,16 +93,16 @@ def _serve_one(cells: list[str], path: list[str]) -> str:
         except BaseException as exc:  # noqa: BLE001 (the shell's own failure, reported too)
             error = "".join(traceback.format_exception(exc))
         with os.fdopen(write_end, "w") as out:
-            out.write(error)
+            out.write(json.dumps({"error": error}))
         os._exit(0)  # skip the server's exit handlers: they are not this page's
     os.close(write_end)
     with os.fdopen(read_end) as results:
-        error = results.read()
+        written = results.read()
     _, status = os.waitpid(pid, 0)
     shutil.rmtree(folder, ignore_errors=True)
-    if os.WIFSIGNALED(status):
-        return f"the page's process died of signal {os.WTERMSIG(status)}\n{error}"
-    return error
+    if not written:  # a cell ended the process (os._exit, a crash): as a kernel dying
+        return f"the page's process ended without a result (wait status {status})"
+    return str(json.loads(written)["error"])
 
 
 def serve() -> None:

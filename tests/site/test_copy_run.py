@@ -113,7 +113,11 @@ def run_pages(pages: dict[str, list[str]], count: int) -> dict[str, tuple[str, f
             except queue.Empty:
                 return
             start = time.perf_counter()
-            results[docname] = shell.run(pages[docname]), time.perf_counter() - start
+            try:
+                error = shell.run(pages[docname])
+            except Exception as exc:  # noqa: BLE001 (a dead server fails its page, never passes it)
+                error = f"copy_run_shell.py failed on this page: {exc!r}"
+            results[docname] = error, time.perf_counter() - start
 
     with shells(count) as servers:
         threads = [threading.Thread(target=drain, args=(shell,)) for shell in servers]
@@ -139,7 +143,9 @@ def outcomes() -> dict[str, str]:
     results = run_pages(todo, min(workers, len(todo))) if todo else {}
     print(f"copy-and-run: {len(todo)} of {len(PAGES)} pages run on {workers} processes in "
           f"{time.perf_counter() - start:.0f} s")
-    errors = {d: results[d][0] if d in results else "" for d in PAGES}
+    # A page to run that has no result failed: it was never reported as run.
+    errors = {d: results[d][0] if d in results else "not run" if d in todo else ""
+              for d in PAGES}
     BUILD_DIR.mkdir(exist_ok=True)
     now_passed = {keys[d] for d in PAGES if not errors[d]} | (passed & set(keys.values()))
     RESULTS.write_text(json.dumps({"passed": sorted(now_passed)}, indent=1))
@@ -158,6 +164,7 @@ def test_a_page_runs_as_a_reader_s_copy() -> None:
         "not-imported": ["np.arange(3)"],
         "afresh": ["import os\nassert os.listdir('.') == []\nassert 'x' not in dir()"],
         "path": ["import sys\nassert sys.path[0] == '', sys.path"],
+        "exits": ["import os\nos._exit(0)"],
     }
     results = {name: error for name, (error, _) in run_pages(pages, 1).items()}
     assert results["ok"] == "" and results["afresh"] == "" and results["path"] == ""
@@ -165,6 +172,7 @@ def test_a_page_runs_as_a_reader_s_copy() -> None:
     assert "ModuleNotFoundError" in results["helper"], results["helper"]
     assert "NameError" in results["not-imported"] and "'np'" in results["not-imported"]
     assert results["hidden"].startswith("cell 1 of 1:\nprint(name_from_a_hidden_cell)")
+    assert "ended without a result" in results["exits"]  # as a dead kernel fails its page
 
 
 @pytest.mark.parametrize("docname", PAGES)
