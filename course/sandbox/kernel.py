@@ -38,6 +38,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 import weakref
 from pathlib import Path
 from typing import Any
@@ -48,7 +49,14 @@ from traitlets import Float, Integer, Unicode
 
 import kvlib
 from course.checks import STUDENT_ENV
-from course.sandbox.limits import Limits, Watchdog, kernel_argv, kernel_uid, launcher_argv
+from course.sandbox.limits import (
+    Limits,
+    Watchdog,
+    kernel_argv,
+    kernel_uid,
+    launcher_argv,
+    tasks_of,
+)
 from course.sandbox.mounts import Mounts, outermost, python_paths, system_argv
 
 __all__ = ["MODE_ENV", "SandboxError", "SandboxedKernelManager", "bwrap_available"]
@@ -90,6 +98,22 @@ def _read_child_pid(fd: int) -> int:
         except (ValueError, KeyError):
             continue
     raise ValueError("bubblewrap exited before reporting its sandbox")
+
+
+# How long a kernel's launch waits for the processes of the kernel it replaces to end.
+PREVIOUS_KERNEL_WAIT_S = 10.0
+
+
+async def _previous_kernel_gone(uid: int) -> None:
+    """Wait until no process runs as ``uid``, at most PREVIOUS_KERNEL_WAIT_S.
+
+    A restarted kernel has the uid of the one it replaces (one grader process, one uid).
+    Killing that kernel's sandbox ends every process in it, but the kernel takes a while
+    to end many (a fork bomb's 64, on a busy machine); until then RLIMIT_NPROC counts
+    them against the new kernel, which dies starting its threads."""
+    deadline = time.monotonic() + PREVIOUS_KERNEL_WAIT_S
+    while tasks_of(uid) and time.monotonic() < deadline:
+        await asyncio.sleep(0.01)
 
 
 class SandboxedKernelManager(AsyncKernelManager):
@@ -239,6 +263,7 @@ class SandboxedKernelManager(AsyncKernelManager):
         uid = kernel_uid()
         if uid is not None:  # the kernel reads its connection file as that uid
             os.chown(self.connection_file, uid, uid)
+            await _previous_kernel_gone(uid)
         # bubblewrap writes {"child-pid": N}, the sandbox's init, to --info-fd.
         info_read, info_write = os.pipe()
         kernel_cmd = [kernel_cmd[0], "--info-fd", str(info_write), *kernel_cmd[1:]]

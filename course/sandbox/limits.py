@@ -52,6 +52,7 @@ __all__ = [
     "kernel_uid",
     "launcher_argv",
     "sandbox_usage",
+    "tasks_of",
 ]
 
 # Seconds one cell may run (nbgrader's own per-cell timeout, Execute.timeout).
@@ -185,6 +186,21 @@ def kernel_uid() -> int | None:
     if os.geteuid() != 0:
         return None
     return _UID_BASE + os.getpid()
+
+
+def tasks_of(uid: int) -> int:
+    """Processes whose real uid is ``uid``: what RLIMIT_NPROC counts against a new one."""
+    count = 0
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        # OSError: a process that ended while it was read.
+        with contextlib.suppress(OSError), open(f"/proc/{entry.name}/status") as status:
+            for line in status:
+                if line.startswith("Uid:"):
+                    count += int(line.split()[1]) == uid
+                    break
+    return count
 
 
 def launcher_argv(limits: Limits, kernel_cmd: list[str], uid: int | None) -> list[str]:

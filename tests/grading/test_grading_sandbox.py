@@ -13,6 +13,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +24,7 @@ from traitlets.config import Config
 
 import course.sandbox.kernel as sandbox
 from course.sandbox.kernel import SandboxedKernelManager, SandboxError, bwrap_available
-from course.sandbox.limits import kernel_uid
+from course.sandbox.limits import kernel_uid, tasks_of
 
 MiB = 2**20
 SECRET_ENV = {"PGPASSWORD": "hunter2", "KVLIB_GRADEBOOK_URL": "postgresql://u:hunter2@db/c"}
@@ -216,3 +217,22 @@ def test_kernel_uid_is_unique_per_grading_process() -> None:
         assert len(uids) == 2 and kernel_uid() is not None
     else:
         assert uids == {"None\n"}
+
+
+def test_tasks_of_counts_the_processes_of_a_uid() -> None:
+    """What a restarted kernel waits on: the processes still running as its uid."""
+    uid = kernel_uid()
+    assert uid is not None  # the grader runs as root here, and kernels as uids of their own
+    assert tasks_of(uid) == 0
+    code = f"import os, time; os.setgid({uid}); os.setuid({uid}); time.sleep(60)"
+    children = [subprocess.Popen([sys.executable, "-c", code]) for _ in range(3)]
+    try:
+        deadline = time.monotonic() + 20
+        while tasks_of(uid) < 3 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert tasks_of(uid) == 3
+    finally:
+        for child in children:
+            child.kill()
+            child.wait()
+    assert tasks_of(uid) == 0
