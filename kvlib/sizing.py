@@ -172,7 +172,9 @@ def max_context_tokens(
     for cap in sorted({c for c, _ in slopes if c is not None}) + [None]:
         if slope > 0:
             tokens = start_tokens + (budget - used_bytes) // slope
-            if cap is None or tokens <= cap:
+            # At exactly the cap, what is left may still buy tokens for the layers
+            # that keep growing past it: only a limit short of the cap is final.
+            if cap is None or tokens < cap:
                 return tokens
         if cap is None:
             return None

@@ -19,7 +19,9 @@ Steps:
    every page: the cache is keyed on a notebook's code only, and a number printed by
    the book must never come from an old kvlib.
 4. Run ``jupyter-book build . --builder html -W -n --keep-going``: any Sphinx
-   warning, broken reference or failing cell makes the build fail.
+   warning, broken reference or failing cell makes the build fail. Each page runs in
+   its own kernel, forked from a server that imported ipykernel, numpy, matplotlib and
+   torch once (``course.book.kernel_server``; the build's ``python3`` kernel spec).
 5. Name the sidebar's section toggles (:func:`label_section_toggles`), then scan the
    HTML for remote script, stylesheet or font addresses: the site must
    read offline; check that every file the calculator page loads was built.
@@ -49,6 +51,8 @@ from pathlib import Path
 
 import build_lite  # scripts/build_lite.py, beside this file
 import pack_kvlib  # scripts/pack_kvlib.py, beside this file
+
+from course.book import kernel_server
 
 ROOT = Path(__file__).resolve().parent.parent
 VENDOR_DIR = ROOT / "_vendor"
@@ -421,8 +425,13 @@ def main(argv: list[str] | None = None) -> int:
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
     # Every page's kernel draws with the book's accessible palette (book/course.mplstyle).
     env["MATPLOTLIBRC"] = str(MPL_STYLE)
+    # The pages' kernels fork from one server that imported what they all import.
+    kernel_spec = kernel_server.write_kernel_spec(build_dir / ".kernels")
+    env["JUPYTER_PATH"] = os.pathsep.join(filter(None, [str(kernel_spec),
+                                                        env.get("JUPYTER_PATH")]))
     command = jupyter_book_command(source, rebuild_all, output, toc, config)
-    result = subprocess.run(command, cwd=source, env=env, check=False)
+    with kernel_server.running_server(env):
+        result = subprocess.run(command, cwd=source, env=env, check=False)
     if result.returncode != 0:
         print(f"build_book: jupyter-book failed with exit status {result.returncode}",
               file=sys.stderr)

@@ -5,5 +5,7 @@
   back for chapter 6's runs page;
 - :mod:`course.book.kernel_keys`: encrypted kernel connections, a build without transport
   warnings;
+- :mod:`course.book.kernel_server`: the pages' kernels, forked from one server that
+  imported what they all import;
 - :mod:`course.book.browser`: Debian's Chromium as the browser checks and benchmarks run it.
 """
