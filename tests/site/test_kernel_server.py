@@ -19,15 +19,15 @@ from jupyter_client.manager import KernelManager
 from site_helpers import ROOT
 
 from course.book import kernel_server
-from course.book.kernel_keys import provision_curve_keys
 
 pytestmark = pytest.mark.notebooks
 
 
 @pytest.fixture(scope="module")
 def server_env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
-    """A running server and the environment a build gives the kernels."""
-    provision_curve_keys()
+    """A running server and the environment a build gives the kernels (without the
+    build's CurveZMQ keys: that patch is process-wide, and this worker goes on to start
+    other kernels)."""
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     data = kernel_server.write_kernel_spec(tmp_path_factory.mktemp("spec"))
     env["JUPYTER_PATH"] = str(data)
