@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import queue
 import signal
 import socket
 import threading
@@ -132,19 +133,44 @@ def test_kernels_draw_different_seeds(server_env: dict[str, str], tmp_path: Path
     assert draws[0] != draws[1]
 
 
+def _reply_to(kernel: Kernel, sent: str, timeout_s: float) -> dict[str, Any] | None:
+    """The shell reply to request ``sent`` (skipping a late kernel_info reply), or None."""
+    deadline = time.monotonic() + timeout_s
+    while (left := deadline - time.monotonic()) > 0:
+        try:
+            reply: dict[str, Any] = kernel.client.get_shell_msg(timeout=left)
+        except queue.Empty:
+            return None
+        if reply["parent_header"].get("msg_id") == sent:
+            return reply
+    return None
+
+
 def test_an_interrupt_reaches_the_kernel(kernel: Kernel) -> None:
-    sent = kernel.client.execute("import time\nprint('asleep', flush=True)\ntime.sleep(60)")
+    sent = kernel.client.execute("import time\nprint('asleep', flush=True)\ntime.sleep(120)")
     while True:  # interrupt once the sleep has begun, not before the cell runs
         msg = kernel.client.get_iopub_msg(timeout=20)
         if msg["msg_type"] == "stream" and "asleep" in msg["content"]["text"]:
             break
     kernel.manager.interrupt_kernel()
-    reply = kernel.client.get_shell_msg(timeout=20)
-    while reply["parent_header"].get("msg_id") != sent:  # a late kernel_info reply
-        reply = kernel.client.get_shell_msg(timeout=20)
+    reply = _reply_to(kernel, sent, 15)
+    if reply is None:
+        # Sent once more, as a reader presses Stop again: once, in development, a first
+        # interrupt under load did not end the cell. A launcher that forwards no signal
+        # still fails: the cell sleeps 120 s, past both waits.
+        kernel.manager.interrupt_kernel()
+        reply = _reply_to(kernel, sent, 30)
+    assert reply is not None, "no reply to the interrupted cell"
     assert reply["content"]["status"] == "error"
     assert reply["content"]["ename"] == "KeyboardInterrupt"
-    assert kernel.value("1 + 1") == "2"  # and it goes on
+    # And it goes on. ipykernel aborts what arrives just after an error ("aborted"),
+    # until its shell thread has passed on a message that ends the aborting.
+    for _ in range(50):
+        status, outputs = kernel.run("print(repr(1 + 1))")
+        if status != "aborted":
+            break
+        time.sleep(0.1)
+    assert status == "ok" and outputs[-1]["text"].strip() == "2", (status, outputs)
 
 
 def test_the_launcher_exits_with_the_kernel_s_status(kernel: Kernel) -> None:
