@@ -47,18 +47,10 @@ from typing import Any, NoReturn
 __all__ = ["PRELOAD", "SERVER_ENV", "running_server", "write_kernel_spec"]
 
 SERVER_ENV = "KVLIB_KERNEL_SERVER"  # the server's socket path, read by the launcher
-# What every page's kernel imports (ipykernel's kernel and IPython) and what most pages
-# import (numpy, matplotlib without pyplot, torch).
-PRELOAD = (
-    "ipykernel.kernelapp",
-    "ipykernel.ipkernel",
-    "IPython.core.interactiveshell",
-    "numpy",
-    "matplotlib",
-    "matplotlib.figure",
-    "matplotlib.font_manager",
-    "torch",
-)
+# What every page's kernel imports (ipykernel's kernel app, which loads its kernel and
+# IPython's shell) and what most pages import (numpy, matplotlib's figures without
+# pyplot, which load its fonts and colours, and torch).
+PRELOAD = ("ipykernel.kernelapp", "numpy", "matplotlib.figure", "torch")
 _HEADER = struct.Struct("!I")
 _FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1)
 _REAP_EVERY_S = 0.05
