@@ -92,12 +92,50 @@ class PagedKV:
         return sum(t.nbytes for t in self.keys + self.values)
 
 
-def _rope(x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-    """Rotate-half rotary embedding of ``x`` (N, heads, d) at ``positions`` (N,)."""
-    d = x.shape[-1]
+@dataclass(frozen=True)
+class _Rows:
+    """One sequence's part of a forward pass, the same in every layer: its rows of the
+    batch, the cache slots its new keys and values go to, the slots attention reads
+    (all of its tokens), and which of those each new query sees (None: all of them)."""
+
+    first: int
+    count: int
+    write: torch.Tensor
+    read: torch.Tensor
+    mask: torch.Tensor | None
+
+
+@dataclass(frozen=True)
+class _Pass:
+    """What every layer of one forward pass shares: the rotary angles' cosines and sines
+    at each new token's position, ``(N, 1, d/2)``, and each sequence's rows. Made once
+    per pass, not once per layer."""
+
+    cos: torch.Tensor
+    sin: torch.Tensor
+    rows: tuple[_Rows, ...]
+
+
+def _rotary(positions: torch.Tensor, d: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin of the rotary angles ``p / theta^(2i/d)`` at ``positions`` (N,),
+    shaped ``(N, 1, d/2)`` to broadcast over the heads."""
     inv_freq = 1.0 / (ROPE_THETA ** (torch.arange(0, d, 2, dtype=torch.float64) / d))
     angles = positions.to(torch.float64)[:, None] * inv_freq[None, :]  # (N, d/2)
-    return rotate_half_split(x, angles.cos()[:, None, :], angles.sin()[:, None, :])
+    return angles.cos()[:, None, :], angles.sin()[:, None, :]
+
+
+def _sequence_rows(batch: Sequence[SeqInput]) -> tuple[_Rows, ...]:
+    rows, first = [], 0
+    for seq in batch:
+        new, total = len(seq.new_tokens), seq.start + len(seq.new_tokens)
+        # Query j sits at position start + j and sees keys 0 .. start + j; a single new
+        # token (a decode) sees every key, so it needs no mask.
+        mask = None if new == 1 else torch.ones(new, total, dtype=torch.bool).tril(
+            diagonal=total - new)
+        rows.append(_Rows(first, new, torch.tensor(seq.slots[seq.start : total]),
+                          torch.tensor(seq.slots[:total]), mask))
+        first += new
+    return tuple(rows)
 
 
 class _RMSNorm(nn.Module):
@@ -128,30 +166,26 @@ class _Layer(nn.Module):
         self.post_attention_layernorm = _RMSNorm(h, dtype)
 
     def forward(
-        self, x: torch.Tensor, positions: torch.Tensor, batch: Sequence[SeqInput],
-        keys: torch.Tensor, values: torch.Tensor,
+        self, x: torch.Tensor, shared: _Pass, keys: torch.Tensor, values: torch.Tensor
     ) -> torch.Tensor:
         n = x.shape[0]
         normed = self.input_layernorm(x)
-        q = _rope(self.q_proj(normed).view(n, self.heads, self.head_dim), positions)  # (N, H, d)
-        k = _rope(self.k_proj(normed).view(n, self.kv_heads, self.head_dim), positions)
+        q = self.q_proj(normed).view(n, self.heads, self.head_dim)  # (N, H, d)
+        q = rotate_half_split(q, shared.cos, shared.sin)
+        k = self.k_proj(normed).view(n, self.kv_heads, self.head_dim)
+        k = rotate_half_split(k, shared.cos, shared.sin)
         v = self.v_proj(normed).view(n, self.kv_heads, self.head_dim)  # (N, H_kv, d)
         out = torch.empty_like(q)
         groups = self.heads // self.kv_heads
-        row = 0
-        for seq in batch:
-            new = len(seq.new_tokens)
-            write = torch.tensor(seq.slots[seq.start : seq.start + new])
-            keys[write], values[write] = k[row : row + new], v[row : row + new]
-            read = torch.tensor(seq.slots[: seq.start + new])
-            seq_k = keys[read].repeat_interleave(groups, dim=1).transpose(0, 1)  # (H, T, d)
-            seq_v = values[read].repeat_interleave(groups, dim=1).transpose(0, 1)
-            # Query j sits at position start + j and sees keys 0 .. start + j.
-            mask = torch.ones(new, len(read), dtype=torch.bool).tril(diagonal=len(read) - new)
-            seq_q = q[row : row + new].transpose(0, 1)  # (H, n, d)
-            attn = nn.functional.scaled_dot_product_attention(seq_q, seq_k, seq_v, attn_mask=mask)
-            out[row : row + new] = attn.transpose(0, 1)
-            row += new
+        for seq in shared.rows:
+            end = seq.first + seq.count
+            keys[seq.write], values[seq.write] = k[seq.first : end], v[seq.first : end]
+            seq_k = keys[seq.read].repeat_interleave(groups, dim=1).transpose(0, 1)  # (H, T, d)
+            seq_v = values[seq.read].repeat_interleave(groups, dim=1).transpose(0, 1)
+            seq_q = q[seq.first : end].transpose(0, 1)  # (H, n, d)
+            attn = nn.functional.scaled_dot_product_attention(
+                seq_q, seq_k, seq_v, attn_mask=seq.mask)
+            out[seq.first : end] = attn.transpose(0, 1)
         x = x + self.o_proj(out.reshape(n, -1))
         normed = self.post_attention_layernorm(x)
         gated = nn.functional.silu(self.gate_proj(normed)) * self.up_proj(normed)
@@ -189,9 +223,11 @@ class TinyDecoder(nn.Module):
         positions = torch.tensor(
             [seq.start + j for seq in batch for j in range(len(seq.new_tokens))]
         )
+        cos, sin = _rotary(positions, self.cfg.head_dim)
+        shared = _Pass(cos, sin, _sequence_rows(batch))
         x = self.embed_tokens(tokens)  # (N, h)
         for layer, keys, values in zip(self.layers, kv.keys, kv.values, strict=True):
-            x = layer(x, positions, batch, keys, values)
+            x = layer(x, shared, keys, values)
         ends = torch.tensor([len(seq.new_tokens) for seq in batch]).cumsum(0) - 1
         logits: torch.Tensor = self.lm_head(self.norm(x[ends]))  # (sequences, vocab)
         return logits
