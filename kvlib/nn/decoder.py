@@ -25,7 +25,7 @@ import torch
 from torch import nn
 
 from kvlib.config import ModelConfig
-from kvlib.nn.mla import rotate_half_split
+from kvlib.nn.mla import rope_angles, rotate_half_split
 from kvlib.specs import FullAttention
 
 __all__ = ["PagedKV", "SeqInput", "TinyDecoder", "tiny_config"]
@@ -117,11 +117,10 @@ class _Pass:
 
 
 def _rotary(positions: torch.Tensor, d: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos and sin of the rotary angles ``p / theta^(2i/d)`` at ``positions`` (N,),
-    shaped ``(N, 1, d/2)`` to broadcast over the heads."""
-    inv_freq = 1.0 / (ROPE_THETA ** (torch.arange(0, d, 2, dtype=torch.float64) / d))
-    angles = positions.to(torch.float64)[:, None] * inv_freq[None, :]  # (N, d/2)
-    return angles.cos()[:, None, :], angles.sin()[:, None, :]
+    """cos and sin of the rotary angles at ``positions`` (N,) (:func:`rope_angles`, in
+    float64), shaped ``(N, 1, d/2)`` to broadcast over the heads."""
+    cos, sin = rope_angles(positions, d, ROPE_THETA, dtype=torch.float64)
+    return cos[:, None, :], sin[:, None, :]
 
 
 def _sequence_rows(batch: Sequence[SeqInput]) -> tuple[_Rows, ...]:

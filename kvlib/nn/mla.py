@@ -53,12 +53,13 @@ class RMSNorm(nn.Module):
 
 
 def rope_angles(
-    positions: torch.Tensor, dim: int, theta: float = 10000.0
+    positions: torch.Tensor, dim: int, theta: float = 10000.0, dtype: torch.dtype = torch.float32
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos and sin of ``position x theta^(-2i/dim)``, each ``[S, dim // 2]`` in fp32."""
-    exponents = torch.arange(0, dim, 2, dtype=torch.float32, device=positions.device) / dim
+    """cos and sin of ``position x theta^(-2i/dim)``, each ``[S, dim // 2]`` in ``dtype``
+    (fp32 as transformers computes them; the float64 decoder asks for float64)."""
+    exponents = torch.arange(0, dim, 2, dtype=dtype, device=positions.device) / dim
     inv_freq = 1.0 / theta**exponents
-    angles = positions.float()[:, None] * inv_freq[None, :]  # (S, dim/2)
+    angles = positions.to(dtype)[:, None] * inv_freq[None, :]  # (S, dim/2)
     return angles.cos(), angles.sin()
 
 
