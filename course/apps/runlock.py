@@ -160,21 +160,25 @@ def _pg_lock(url: str, course_id: str, me: Holder, wait: bool,
     return connection
 
 
-def _release_pg(connection: Any, say: Callable[[str], None]) -> None:
-    """Close the lock's connection (the server unlocks); say so if it was cut meanwhile
-    (a restart or failover): for that while another run could have started."""
+def _release_pg(connection: Any, key: tuple[int, int], say: Callable[[str], None]) -> None:
+    """Unlock, then close the lock's connection; say so if it was cut meanwhile (a restart
+    or failover): for that while another run could have started. The unlock is explicit
+    because closing alone is not synchronous: the server ends the session, and drops its
+    locks, after the client has returned, so a run started at once could be refused."""
     import psycopg2
 
     try:
         with connection.cursor() as cursor:
-            cursor.execute("SELECT 1")
+            cursor.execute("SELECT pg_advisory_unlock(%s, %s)", key)
+            held = cursor.fetchone()[0]
     except psycopg2.Error:
+        held = False
+    if not held:
         say("the gradebook's server cut this run's lock connection during the run "
             "(restarted?): if another make grade began meanwhile, run make grade again "
             "once it ends")
-    finally:
-        with contextlib.suppress(psycopg2.Error):
-            connection.close()
+    with contextlib.suppress(psycopg2.Error):
+        connection.close()
 
 
 @contextlib.contextmanager
@@ -194,6 +198,6 @@ def grading_lock(
             yield me
         finally:
             if connection is not None:
-                _release_pg(connection, say)
+                _release_pg(connection, advisory_key(course_id), say)
     finally:
         _release_file(handle)
