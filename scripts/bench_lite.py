@@ -46,14 +46,11 @@ from urllib.parse import urlsplit
 
 import build_lite  # scripts/, this script's folder, is first on sys.path
 
-from course.book.browser import CHROMIUM, CHROMIUM_ARGS, browser_cpu_seconds
+from course.book.browser import CHROMIUM, CHROMIUM_ARGS, OFFLINE_ARGS, browser_cpu_seconds
 
 ROOT = Path(__file__).resolve().parent.parent
 
 DEFAULT_NOTEBOOK = "05_rate_limiting/rate_limiting.ipynb"
-# Nothing but the local server resolves: a request elsewhere fails at once, and is
-# recorded by the listener below.
-OFFLINE_ARGS = ["--host-resolver-rules=MAP * ~NOTFOUND , EXCLUDE 127.0.0.1"]
 WAIT_MS = 300_000  # a cold kernel on a busy 2-core machine
 PANEL = "window.jupyterapp?.shell?.currentWidget"
 KERNEL_IDLE = f"() => {PANEL}?.sessionContext?.session?.kernel?.status === 'idle'"

@@ -2,6 +2,7 @@
 
 - :data:`CHROMIUM`: the Debian package's binary (``make browser`` installs it);
 - :data:`CHROMIUM_ARGS`: its flags in a container, with no network traffic of its own;
+- :data:`OFFLINE_ARGS`: the flag that leaves 127.0.0.1 the only address it resolves;
 - :func:`browser_cpu_seconds`: the CPU time of the Chromium processes this process
   started, the figure a benchmark reports beside wall time.
 """
@@ -11,7 +12,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-__all__ = ["CHROMIUM", "CHROMIUM_ARGS", "browser_cpu_seconds"]
+__all__ = ["CHROMIUM", "CHROMIUM_ARGS", "OFFLINE_ARGS", "browser_cpu_seconds"]
 
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_ARGS = [
@@ -22,6 +23,10 @@ CHROMIUM_ARGS = [
     "--disable-sync",
     "--no-first-run",
 ]
+# Nothing but the local server resolves: a request to any other host fails at once, in
+# the page, a worker or a service worker alike (a listener on the context records it).
+# Unlike Playwright's request routing, it leaves the browser's HTTP cache on.
+OFFLINE_ARGS = ["--host-resolver-rules=MAP * ~NOTFOUND , EXCLUDE 127.0.0.1"]
 
 
 def browser_cpu_seconds() -> float:
