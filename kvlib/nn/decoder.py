@@ -32,6 +32,7 @@ __all__ = ["PagedKV", "SeqInput", "TinyDecoder", "tiny_config"]
 
 ROPE_THETA = 10_000.0
 RMS_EPS = 1e-5
+QUERY_BLOCK = 256  # queries of a long prompt attended at a time (:func:`_query_blocks`)
 
 
 def tiny_config(
@@ -93,16 +94,27 @@ class PagedKV:
 
 
 @dataclass(frozen=True)
+class _Block:
+    """Queries ``first .. end - 1`` of a sequence's new tokens and the keys they read:
+    cache rows ``0 .. seen - 1``; ``mask`` says which of those each query sees (None: all)."""
+
+    first: int
+    end: int
+    seen: int
+    mask: torch.Tensor | None
+
+
+@dataclass(frozen=True)
 class _Rows:
     """One sequence's part of a forward pass, the same in every layer: its rows of the
     batch, the cache slots its new keys and values go to, the slots attention reads
-    (all of its tokens), and which of those each new query sees (None: all of them)."""
+    (all of its tokens), and its queries in blocks (:data:`QUERY_BLOCK`)."""
 
     first: int
     count: int
     write: torch.Tensor
     read: torch.Tensor
-    mask: torch.Tensor | None
+    blocks: tuple[_Block, ...]
 
 
 @dataclass(frozen=True)
@@ -123,18 +135,48 @@ def _rotary(positions: torch.Tensor, d: int) -> tuple[torch.Tensor, torch.Tensor
     return cos[:, None, :], sin[:, None, :]
 
 
+def _query_blocks(start: int, new: int) -> tuple[_Block, ...]:
+    """A sequence's ``new`` queries after ``start`` cached tokens, in blocks of at most
+    :data:`QUERY_BLOCK`. Query ``j`` sits at position ``start + j`` and sees keys
+    ``0 .. start + j``, so a block ending at query ``e`` reads only the first ``start + e``
+    keys: a long prompt's causal attention skips most of the keys its early queries never
+    see. A single new token (a decode) sees every key and needs no mask."""
+    blocks = []
+    for first in range(0, new, QUERY_BLOCK):
+        end = min(new, first + QUERY_BLOCK)
+        seen = start + end
+        mask = None if end - first == 1 else torch.ones(end - first, seen, dtype=torch.bool).tril(
+            diagonal=start + first)
+        blocks.append(_Block(first, end, seen, mask))
+    return tuple(blocks)
+
+
 def _sequence_rows(batch: Sequence[SeqInput]) -> tuple[_Rows, ...]:
     rows, first = [], 0
     for seq in batch:
         new, total = len(seq.new_tokens), seq.start + len(seq.new_tokens)
-        # Query j sits at position start + j and sees keys 0 .. start + j; a single new
-        # token (a decode) sees every key, so it needs no mask.
-        mask = None if new == 1 else torch.ones(new, total, dtype=torch.bool).tril(
-            diagonal=total - new)
         rows.append(_Rows(first, new, torch.tensor(seq.slots[seq.start : total]),
-                          torch.tensor(seq.slots[:total]), mask))
+                          torch.tensor(seq.slots[:total]), _query_blocks(seq.start, new)))
         first += new
     return tuple(rows)
+
+
+def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+            blocks: Sequence[_Block]) -> torch.Tensor:
+    """``softmax(q k^T / sqrt(d) + causal mask) v`` for one sequence, with grouped-query
+    heads: ``q`` is ``(H_kv, G, n, d)`` (the ``G = H / H_kv`` query heads that share each KV
+    head), ``k`` and ``v`` are ``(H_kv, T, d)``; returns ``(H_kv, G, n, d)``. The G query
+    heads of a KV head read its keys as one batch, with no copy of the keys per head."""
+    out = torch.empty_like(q)
+    scale = q.shape[-1] ** -0.5
+    for block in blocks:
+        keys = k[:, None, : block.seen]  # (H_kv, 1, seen, d): broadcast over the G heads
+        scores = torch.matmul(q[:, :, block.first : block.end], keys.transpose(-1, -2)) * scale
+        if block.mask is not None:
+            scores.masked_fill_(~block.mask, float("-inf"))
+        out[:, :, block.first : block.end] = torch.matmul(
+            torch.softmax(scores, dim=-1), v[:, None, : block.seen])
+    return out
 
 
 class _RMSNorm(nn.Module):
@@ -179,12 +221,13 @@ class _Layer(nn.Module):
         for seq in shared.rows:
             end = seq.first + seq.count
             keys[seq.write], values[seq.write] = k[seq.first : end], v[seq.first : end]
-            seq_k = keys[seq.read].repeat_interleave(groups, dim=1).transpose(0, 1)  # (H, T, d)
-            seq_v = values[seq.read].repeat_interleave(groups, dim=1).transpose(0, 1)
-            seq_q = q[seq.first : end].transpose(0, 1)  # (H, n, d)
-            attn = nn.functional.scaled_dot_product_attention(
-                seq_q, seq_k, seq_v, attn_mask=seq.mask)
-            out[seq.first : end] = attn.transpose(0, 1)
+            # (n, H, d) -> (H_kv, G, n, d): query head h reads KV head h // G, as in
+            # transformers' repeat_kv.
+            seq_q = q[seq.first : end].view(seq.count, self.kv_heads, groups, self.head_dim)
+            attn = _attend(seq_q.permute(1, 2, 0, 3), keys[seq.read].transpose(0, 1),
+                           values[seq.read].transpose(0, 1), seq.blocks)
+            out[seq.first : end] = attn.permute(2, 0, 1, 3).reshape(
+                seq.count, self.heads, self.head_dim)
         x = x + self.o_proj(out.reshape(n, -1))
         normed = self.post_attention_layernorm(x)
         gated = nn.functional.silu(self.gate_proj(normed)) * self.up_proj(normed)

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from kvlib.config import load_config
-from kvlib.nn.decoder import PagedKV, SeqInput, TinyDecoder, tiny_config
+from kvlib.nn.decoder import QUERY_BLOCK, PagedKV, SeqInput, TinyDecoder, tiny_config
 
 BLOCK = 4
 
@@ -75,6 +75,27 @@ def test_logits_and_greedy_tokens_equal_transformers(model: TinyDecoder) -> None
         tokens.append(nxt)
         step = SeqInput([nxt], len(tokens) - 1, _slots(len(tokens), table))
         ours = model.forward_batch([step], kv)
+
+
+def test_a_long_prompt_whole_and_in_chunks_equals_transformers(model: TinyDecoder) -> None:
+    """A prompt longer than two query blocks (each block reads only the keys its queries
+    see), prefilled in one pass, then in chunks that start and end inside blocks (chunked
+    prefill): the last token's logits of every pass are transformers' at that position."""
+    reference = _reference(model)
+    rng = random.Random(2)
+    prompt = [rng.randrange(512) for _ in range(2 * QUERY_BLOCK + 88)]
+    blocks = -(-len(prompt) // BLOCK)
+    table = rng.sample(range(blocks), blocks)
+    with torch.no_grad():
+        theirs = reference(torch.tensor([prompt])).logits[0]  # every position's logits
+    whole = model.forward_batch([SeqInput(prompt, 0, _slots(len(prompt), table))],
+                                PagedKV(model.cfg, blocks, BLOCK, torch.float64))
+    assert torch.allclose(whole[0], theirs[-1], rtol=0, atol=1e-5)
+    kv, start = PagedKV(model.cfg, blocks, BLOCK, torch.float64), 0
+    for end in (100, 100 + QUERY_BLOCK + 30, len(prompt)):
+        chunk = model.forward_batch([SeqInput(prompt[start:end], start, _slots(end, table))], kv)
+        assert torch.allclose(chunk[0], theirs[end - 1], rtol=0, atol=1e-5), (start, end)
+        start = end
 
 
 def test_a_batch_equals_its_sequences_alone(model: TinyDecoder) -> None:
