@@ -19,7 +19,7 @@ and any request to one is counted and printed. The figures are printed, not chec
 the course's target is 15 s cold on its 2-core machine.
 
 The functions that drive JupyterLab (through ``window.jupyterapp``, which the build
-exposes) are shared with tests/site/test_lite.py.
+exposes) are shared with tests/site/test_lite_learner.py.
 
 Usage: ``python scripts/bench_lite.py [--notebook NN_slug/name.ipynb] [--runs N]
 [--site DIR]``.

@@ -1,5 +1,6 @@
 """The exercise page as a learner meets it: one session in headless Chromium on the built
-lite site (scripts/build_lite.py), offline, every request recorded.
+lite site (scripts/build_lite.py), offline (every host but 127.0.0.1 unresolvable), every
+request recorded. One session, because each page load starts Python in the browser again.
 
 1. Following a "Try it in your browser" link, the page shows at once what is loading:
    the loading view is painted before JupyterLab has started, and its status line goes
@@ -7,8 +8,15 @@ lite site (scripts/build_lite.py), offline, every request recorded.
 2. The student id is asked in the page (no browser prompt), kept, shown on a button,
    and changed from that button: the next cell draws for the new id.
 3. The notebook shows no unsaved change when it opens, nor once its kernel is ready.
-4. After a reload, the check cell's result from before it is marked as old; run again,
-   it is the current one (here the saved answers score more than the old result).
+   Run all on chapter 5's notebook as released reaches the end (every challenge's
+   numbers printed, each check saying it is not answered); with the solutions' answers
+   saved and run all, the draws are the given student's and the check cell prints the
+   full score, the report ``kvlib_lite.check`` gives in CPython for the notebook the
+   browser saved; one wrong answer (milliseconds), saved, and the check cell run again
+   names that mistake.
+4. After a reload, the saved work and the id are still there (the id is not asked
+   again), and the check cell's result from before it is marked as old; run again, it
+   is the current one (here the saved answers score more than the old result).
 5. A link to another chapter's notebook opens that notebook and only it; a reload then
    restores it (the workspace still works).
 
@@ -32,12 +40,22 @@ from site_helpers import ROOT
 sys.path.insert(0, str(ROOT / "lite" / "py"))
 sys.path.insert(0, str(ROOT / "scripts"))
 
-from test_lite import ASSIGNMENT, solution_answers, wrong_answers  # noqa: E402
+from kvlib_lite import check  # noqa: E402
+from test_lite import (  # noqa: E402
+    ASSIGNMENT,
+    answer_names,
+    numbers_output,
+    solution_answers,
+    wrong_answers,
+)
+
+from course.apps.selfcheck import format_report  # noqa: E402
 
 NOTEBOOK = f"{ASSIGNMENT}/rate_limiting.ipynb"
 OTHER = "01_kv_cache/kv_cache.ipynb"
 STUDENT = "learner-one"
 NEW_STUDENT = "learner-two"
+WRONG_CELL = "answer_p95_wait_s"  # answered in milliseconds, a slip the check names
 # The note old-results.js puts first in a check result restored from the saved file.
 OLD_NOTE = "Result of an earlier run, before this page was loaded"
 # Every text the loading view's status line shows, in order (kept by an init script).
@@ -92,7 +110,12 @@ def test_a_learner_session_in_the_browser() -> None:
     import bench_lite
     import build_lite
 
+    assert AXE.is_file(), f"{AXE} is missing: run `make book` (npm ci installs axe-core)"
     site = build_lite.build()
+    answers = solution_answers()
+    data = check.assignment_data(ROOT)
+    first_numbers = next(g for g in data[ASSIGNMENT]["rate_limiting"]["cells"]
+                         if g.startswith("numbers_"))
     native: list[str] = []
     with bench_lite.browser_page(site) as (page, base, recorder):
         page.on("dialog", lambda dialog: (
@@ -100,11 +123,17 @@ def test_a_learner_session_in_the_browser() -> None:
             dialog.accept()))
         page.add_init_script(RECORD_STATUS)
         page.goto(f"{base}lab/index.html?path={NOTEBOOK}", wait_until="commit")
-        # 1. The loading view, on screen before JupyterLab exists.
+        # 1. The loading view, on screen before JupyterLab exists; axe on the page as
+        # first painted (the loading view alone), then on the id dialog.
         page.locator("#kvlib-loading").wait_for(state="visible", timeout=bench_lite.WAIT_MS)
         loading_text = page.locator("#kvlib-loading").inner_text()
+        page.add_script_tag(path=str(AXE))
+        at_first_paint = page.evaluate(AXE_RUN, None)
+        page.locator("#kvlib-id-dialog[open]").wait_for(timeout=bench_lite.WAIT_MS)
+        with_dialog = page.evaluate(AXE_RUN, PAGE_PARTS)
         # 2. The id, asked in the page once the editor is there.
         asked = bench_lite.answer_student_id(page, STUDENT)
+        with_button = page.evaluate(AXE_RUN, PAGE_PARTS[1:])
         page.wait_for_function(bench_lite.KERNEL_IDLE, timeout=bench_lite.WAIT_MS)
         # 3. No unsaved change at open; the loading view is gone once ready.
         page.wait_for_function("() => !document.getElementById('kvlib-loading')",
@@ -112,12 +141,35 @@ def test_a_learner_session_in_the_browser() -> None:
         dirty_at_open = page.evaluate(DIRTY)
         marks = bench_lite.timeline(page)
         statuses = page.evaluate("() => window.__statusLog")
+        # axe on the whole page with the notebook open, then with the file filter open.
+        whole_page = page.evaluate(AXE_ELEMENTS)
+        pressed_before = page.evaluate(FILTER_PRESSED)
+        _toggle_filter(page, "true")
+        pressed_on = page.evaluate(FILTER_PRESSED)
+        with_filter = page.evaluate(AXE_ELEMENTS)
+        _toggle_filter(page, "false")
 
-        # 4. A check run on wrong answers, then right answers saved but not checked.
-        bench_lite.set_sources(page, wrong_answers())
+        # Run All on the notebook as released: it stops nowhere, every challenge prints its
+        # numbers and its check says it is not answered yet; the check grades it 0.
+        bench_lite.save_and_run_all(page)
+        bench_lite.output_of(page, "self_check", r": 0 / \d+ points")
+        blank = {gid: out for gid, _, out in bench_lite.cells(page)}
+        # The solutions' answers, saved, run all: full marks, on the draws of the id given.
+        bench_lite.set_sources(page, answers)
+        bench_lite.save_and_run_all(page)
+        report = bench_lite.output_of(page, "self_check", r": (\d+) / \1 points")
+        drawn = next(out for gid, _, out in bench_lite.cells(page) if gid == first_numbers)
+        saved_right = page.evaluate(
+            "async (p) => (await window.jupyterapp.serviceManager.contents.get(p, "
+            "{content: true, type: 'notebook'})).content", NOTEBOOK)
+        # One wrong answer, the notebook saved again, the check cell run again.
+        bench_lite.set_sources(page, {WRONG_CELL: wrong_answers()[WRONG_CELL]})
         bench_lite.save_and_run_cell(page, "self_check")
-        old = bench_lite.output_of(page, "self_check", r"missed")
-        bench_lite.set_sources(page, solution_answers())
+        wrong_report = bench_lite.output_of(page, "self_check", r"missed")
+
+        # 4. The right answer saved but not checked; after a reload the check's result
+        # from before it is marked old, and the work and the id are still there.
+        bench_lite.set_sources(page, {WRONG_CELL: answers[WRONG_CELL]})
         page.evaluate("window.jupyterapp.commands.execute('docmanager:save')")
         page.wait_for_function(SAVED, timeout=bench_lite.WAIT_MS)
         page.reload()
@@ -128,6 +180,12 @@ def test_a_learner_session_in_the_browser() -> None:
             arg=OLD_NOTE, timeout=bench_lite.WAIT_MS)
         restored = _check_output(page)
         dirty_after_reload = page.evaluate(DIRTY)
+        kept = {gid: src for gid, src, _ in bench_lite.cells(page) if gid in answers}
+        shown_id = page.locator("#kvlib-id-button").get_attribute("data-student-id")
+        asked_again = page.locator("#kvlib-id-dialog[open]").count()
+        stored_id = page.evaluate(
+            "async () => (await window.jupyterapp.serviceManager.contents.get("
+            "'kvlib_student_id.txt', {content: true})).content")
         bench_lite.save_and_run_cell(page, "self_check")
         current = bench_lite.output_of(page, "self_check", r": (\d+) / \1 points")
 
@@ -155,14 +213,44 @@ def test_a_learner_session_in_the_browser() -> None:
     assert statuses[0].startswith("Loading the notebook editor"), statuses
     assert any(s.startswith("Starting Python") for s in statuses), statuses
     assert statuses[-1].startswith("Python is ready"), statuses
-    # 2. The id: what it is for, how to change it; kept and changed.
+    # axe-core: the page's own parts, then the whole page with every rule, none left out.
+    assert _serious(at_first_paint) == [], at_first_paint
+    assert _serious(with_dialog) == [], with_dialog
+    assert _serious(with_button) == [], with_button
+    assert _serious(whole_page["violations"]) == [], whole_page["violations"]
+    assert _serious(with_filter["violations"]) == [], with_filter["violations"]
+    assert whole_page["passed"] > 20  # axe ran on the page
+    # The filter toggle's state is on the inner button only, and follows the toggle.
+    assert pressed_before == [None, "false"], pressed_before
+    assert pressed_on == [None, "true"], pressed_on
+    # 2. The id: what it is for, how to change it; kept, not asked again, and changed.
     assert "numbers" in asked and "change it later" in asked
+    assert stored_id.strip() == STUDENT
+    assert shown_id == STUDENT and asked_again == 0
     assert prefilled == STUDENT
     assert drawn_for.strip() == NEW_STUDENT
-    # 3. Nothing unsaved before any edit.
+    # The notebook as released runs to its end: every challenge's numbers, and each check
+    # saying it is not answered yet.
+    for challenge in (g[len("answer_"):] for g in answers):
+        assert blank[f"numbers_{challenge}"].strip(), challenge
+        assert "is not answered yet" in blank[f"check_{challenge}"], challenge
+    # The numbers were drawn for the id given, which draws other numbers than the default.
+    assert drawn.strip() == numbers_output(STUDENT).strip()
+    assert numbers_output(STUDENT) != numbers_output("self-study")
+    # The browser's report is kvlib_lite.check's, in CPython, on the notebook it saved.
+    expected = check.grade_notebook(saved_right, STUDENT, data)
+    assert expected.score == expected.max_score > 0
+    assert format_report(expected) in report
+    assert f"{expected.score:g} / {expected.max_score:g} points" in report
+    # The named mistake for the wrong answer, the rest still right.
+    line = next(li for li in wrong_report.splitlines()
+                if li.strip().startswith(answer_names()[WRONG_CELL]))
+    assert "missed" in line and "milliseconds" in line
+    assert wrong_report.count("missed") == 1
+    # 3. Nothing unsaved before any edit, nor after the reload; the saved work kept.
     assert dirty_at_open is False and dirty_after_reload is False
+    assert kept == answers
     # 4. The old result is marked old, then replaced by the current one.
-    assert "missed" in old
     assert restored.startswith(OLD_NOTE) and "missed" in restored
     assert OLD_NOTE not in current and "missed" not in current
     # 5. The link's notebook only, and a reload restores it.
@@ -170,46 +258,16 @@ def test_a_learner_session_in_the_browser() -> None:
     assert tabs_after_reload == [OTHER]
 
 
+def _toggle_filter(page: Any, pressed: str) -> None:
+    """Toggle the file browser's filter box; wait until its inner button says ``pressed``."""
+    import bench_lite
+
+    page.evaluate(f"window.jupyterapp.commands.execute('{FILTER_TOGGLE}')")
+    if pressed == "true":
+        page.locator(".jp-FileBrowser-filterBox").wait_for(timeout=bench_lite.WAIT_MS)
+    page.wait_for_function(f"() => ({FILTER_PRESSED})()[1] === '{pressed}'",
+                           timeout=bench_lite.WAIT_MS)
+
+
 def _serious(violations: list[list[Any]]) -> list[list[Any]]:
     return [v for v in violations if v[0] in ("critical", "serious")]
-
-
-@pytest.mark.site
-def test_the_page_s_own_parts_pass_axe() -> None:
-    import bench_lite
-    import build_lite
-
-    assert AXE.is_file(), f"{AXE} is missing: run `make book` (npm ci installs axe-core)"
-    site = build_lite.build()
-    with bench_lite.browser_page(site) as (page, base, _):
-        page.goto(f"{base}lab/index.html?path={NOTEBOOK}", wait_until="commit")
-        page.locator("#kvlib-loading").wait_for(state="visible", timeout=bench_lite.WAIT_MS)
-        page.add_script_tag(path=str(AXE))
-        # The whole page as first painted: the loading view alone.
-        at_first_paint = page.evaluate(AXE_RUN, None)
-        page.locator("#kvlib-id-dialog[open]").wait_for(timeout=bench_lite.WAIT_MS)
-        with_dialog = page.evaluate(AXE_RUN, PAGE_PARTS)
-        bench_lite.answer_student_id(page, STUDENT)
-        with_button = page.evaluate(AXE_RUN, PAGE_PARTS[1:])
-        page.wait_for_function(bench_lite.KERNEL_IDLE, timeout=bench_lite.WAIT_MS)
-        page.wait_for_function("() => !document.getElementById('kvlib-loading')",
-                               timeout=bench_lite.WAIT_MS)
-        whole_page = page.evaluate(AXE_ELEMENTS)
-        pressed_before = page.evaluate(FILTER_PRESSED)
-        page.evaluate(f"window.jupyterapp.commands.execute('{FILTER_TOGGLE}')")
-        page.locator(".jp-FileBrowser-filterBox").wait_for(timeout=bench_lite.WAIT_MS)
-        page.wait_for_function(f"() => ({FILTER_PRESSED})()[1] === 'true'",
-                               timeout=bench_lite.WAIT_MS)
-        pressed_on = page.evaluate(FILTER_PRESSED)
-        with_filter = page.evaluate(AXE_ELEMENTS)
-
-    assert _serious(at_first_paint) == [], at_first_paint
-    assert _serious(with_dialog) == [], with_dialog
-    assert _serious(with_button) == [], with_button
-    # Every rule, none left out.
-    assert _serious(whole_page["violations"]) == [], whole_page["violations"]
-    assert _serious(with_filter["violations"]) == [], with_filter["violations"]
-    assert whole_page["passed"] > 20  # axe ran on the page
-    # The toggle's state is on the inner button only, and follows the toggle.
-    assert pressed_before == [None, "false"], pressed_before
-    assert pressed_on == [None, "true"], pressed_on
