@@ -55,7 +55,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from fractions import Fraction
 
-from kvlib._validate import require_fraction, require_int, require_positive
+from kvlib._validate import (
+    are_non_negative_ints,
+    require_fraction,
+    require_int,
+    require_positive,
+)
 from kvlib.bounds import (
     attention_pairs,
     decode_bytes_per_gpu,
@@ -326,7 +331,10 @@ def step_time(
     body, head = matmul_params(cfg)
     sampled = batch + sum(1 for chunk in prefill_chunks if chunk.last)
     weight_flops = 2 * (body * tokens + head * sampled)
-    contexts = Counter(require_int(t, "decode context", 0) for t in decode_contexts)
+    if not are_non_negative_ints(decode_contexts):
+        for t in decode_contexts:
+            require_int(t, "decode context", 0)  # the error, naming the first bad one
+    contexts = Counter(decode_contexts)
     decode_kv = sum(n * kv_bytes_per_gpu(cfg, t, kv_dtype, tp) for t, n in contexts.items())
     decode_flops = sum(n * decode_attention_flops(cfg, t) for t, n in contexts.items())
     counts = [_chunk_counts(cfg, c.tokens, c.cached_tokens, kv_dtype, tp) for c in prefill_chunks]

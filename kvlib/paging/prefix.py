@@ -27,7 +27,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import NewType
 
-from kvlib._validate import cdiv, is_int, require_int
+from kvlib._validate import are_non_negative_ints, cdiv, is_int, require_int
 
 __all__ = [
     "ROOT_HASH",
@@ -74,7 +74,7 @@ def hash_block_tokens(
     little-endian 64-bit integers, so the hash does not depend on the machine.
     """
     tokens = list(token_ids)
-    if any(not is_int(t) or t < 0 for t in tokens):
+    if not are_non_negative_ints(tokens):
         raise ValueError("token ids must be non-negative integers")
     digest = hashlib.sha256(parent if parent is not None else ROOT_HASH)
     digest.update(struct.pack(f"<Q{len(tokens)}q", len(tokens), *tokens))

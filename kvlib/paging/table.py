@@ -23,7 +23,7 @@ from __future__ import annotations
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 
-from kvlib._validate import cdiv, is_int, require_int
+from kvlib._validate import are_non_negative_ints, cdiv, require_int
 from kvlib.paging.block_pool import Block, BlockPool
 from kvlib.paging.prefix import (
     BlockHash,
@@ -152,7 +152,7 @@ class PagedKVCache:
         """Add generated tokens: fill the last block, copy it first if shared, then new blocks."""
         seq = self._seq(seq_id)
         tokens = list(token_ids)
-        if any(not is_int(t) or t < 0 for t in tokens):
+        if not are_non_negative_ints(tokens):
             raise ValueError("token ids must be non-negative integers")
         self.pool.ensure_free(self.blocks_needed(seq_id, len(tokens)))
         if tokens and len(seq.token_ids) % self.block_size and seq.blocks[-1].ref_count > 1:

@@ -102,7 +102,13 @@ def erlang_c(servers: int, offered_load: float) -> float:
     """Erlang's C: probability that an arrival waits in M/M/c at ``offered_load = lambda*S``."""
     c, a = require_servers(servers), require_rate("offered_load", offered_load)
     _check_stable(a / c, a, 1.0, c)
-    b = 1.0
+    return erlang_c_checked(c, a)
+
+
+def erlang_c_checked(servers: int, offered_load: float) -> float:
+    """:func:`erlang_c` for arguments already checked (``servers >= 1``, ``0 <= offered_load
+    < servers``): what a solver that calls it thousands of times uses."""
+    c, a, b = servers, offered_load, 1.0
     for k in range(1, c + 1):  # Erlang B by recursion: no factorials, no overflow
         b = a * b / (k + a * b)
     return b / (1 - (a / c) * (1 - b))

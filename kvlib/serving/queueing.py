@@ -36,6 +36,7 @@ from kvlib.serving.erlang import (
     QueueStats,
     UnstableQueueError,
     erlang_c,
+    erlang_c_checked,
     mm1,
     mmc,
     require_quantile,
@@ -140,11 +141,16 @@ def paid_p95_after_shedding(
 
 
 def _paid_wait_or_inf(lp: float, lf: float, s: float, c: int, q: float | None) -> float:
-    """The paid class's ``q``-quantile wait (``q=None``: its mean); inf if unstable."""
-    if (lp + lf) * s >= c:
+    """The paid class's ``q``-quantile wait (``q=None``: its mean); inf if unstable.
+
+    :func:`priority_mmc`'s formulas on arguments its callers checked once: the solvers
+    below call it hundreds of thousands of times."""
+    load = (lp + lf) * s
+    if load >= c or load / c >= 1:
         return math.inf
-    stats = priority_mmc(lp, lf, s, c)
-    return stats.paid_mean_wait_s if q is None else stats.paid_wait_percentile_s(q)
+    p_wait = erlang_c_checked(c, load)
+    paid_decay = c / s - lp
+    return p_wait / paid_decay if q is None else tail_quantile_s(p_wait, paid_decay, q)
 
 
 def _bisect(f: Callable[[float], float], lo: float, hi: float, steps: int = 100) -> float:

@@ -152,6 +152,13 @@ def test_bad_input_names_the_field(kwargs: dict[str, object], field: str) -> Non
         mixed_step(LLAMA, H100, 8, 1_000, **kwargs)  # type: ignore[arg-type]
 
 
+@pytest.mark.parametrize("contexts", [[100, -1], [100, 2.5], [True], [100, None]])
+def test_a_bad_decode_context_is_named(contexts: list[object]) -> None:
+    with pytest.raises(ValueError, match=rf"decode context must be a non-negative integer, "
+                                         rf"got {contexts[-1]!r}"):
+        step_time(LLAMA, H100, contexts)  # type: ignore[arg-type]
+
+
 def test_an_empty_step_is_refused() -> None:
     with pytest.raises(ValueError, match="both"):
         step_time(LLAMA, H100)

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import enum
 import math
 
+import numpy as np
 import pytest
 
 from kvlib._validate import (
     WrongTypeError,
+    are_non_negative_ints,
     cdiv,
     is_int,
     is_number,
@@ -83,3 +86,29 @@ def test_cdiv_stays_exact_where_a_float_ceiling_does_not() -> None:
     a, b = 10**30 + 1, 10**15
     assert cdiv(a, b) == 10**15 + 1
     assert math.ceil(a / b) == 10**15  # the float quotient dropped the remainder
+
+
+class _Token(enum.IntEnum):
+    EOS = 2
+
+
+@pytest.mark.parametrize(
+    ("values", "valid"),
+    [
+        ([], True),
+        ([0, 7, 2**40], True),
+        ((5, 6), True),
+        ([_Token.EOS, 3], True),  # an int subclass other than bool is an int
+        ([1, -1], False),
+        ([-3], False),
+        ([1, True], False),
+        ([False], False),
+        ([1, 2.0], False),
+        ([np.int64(4)], False),
+        (["1"], False),
+        ([1, None], False),
+        ([_Token.EOS, -1], False),
+    ],
+)
+def test_are_non_negative_ints(values: list[object], valid: bool) -> None:
+    assert are_non_negative_ints(values) is valid
