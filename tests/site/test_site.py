@@ -128,7 +128,9 @@ def test_mathjax_fonts_load_locally(browser_run: BrowserRun) -> None:
     assert browser_run.font_responses, "no MathJax font was requested"
     for url, status in browser_run.font_responses:
         assert url.startswith(browser_run.base_url + "_static/mathjax/"), url
-        assert status == 200, url
+        # 304: the copy in the browser's cache revalidated (a page after the first one).
+        assert status in (200, 304), (status, url)
+    assert any(status == 200 for _, status in browser_run.font_responses)
 
 
 @pytest.mark.parametrize("page", PAGES, ids=PAGE_IDS)
