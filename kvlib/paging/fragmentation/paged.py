@@ -12,11 +12,12 @@ from kvlib.paging.fragmentation.workload import RequestLengths
 __all__ = ["simulate_paged"]
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class _Running:
     request: RequestLengths
     tokens: int  # token states it holds: its prompt and its output so far
     blocks: int  # whole blocks holding them: cdiv(tokens, B)
+    final: int  # tokens when it finishes (the request's final_tokens, read every step)
 
 
 def simulate_paged(
@@ -50,7 +51,7 @@ def simulate_paged(
     preempted_at: list[int] = []
     step = recomputed = 0
     while waiting or running:
-        for done in [s for s in running if s.tokens == s.request.final_tokens]:
+        for done in [s for s in running if s.tokens == s.final]:
             running.remove(done)
             free += done.blocks
         preempted, i = False, 0
@@ -75,7 +76,7 @@ def simulate_paged(
             if blocks > free:
                 break
             waiting.popleft()
-            running.append(_Running(request, tokens + 1, blocks))
+            running.append(_Running(request, tokens + 1, blocks, request.final_tokens))
             free -= blocks
         held = (capacity_tokens // block_size - free) * block_size
         states = sum(s.tokens for s in running)
