@@ -22,8 +22,8 @@ from typing import TypeGuard, cast
 
 __all__ = [
     "WrongTypeError",
-    "cdiv",
     "are_non_negative_ints",
+    "cdiv",
     "is_int",
     "is_number",
     "require_fraction",

@@ -79,8 +79,17 @@ class PriorityStats:
 
     def paid_wait_percentile_s(self, q: float) -> float:
         """The ``q``-quantile of a paid request's wait."""
-        decay = self.servers / self.service_s - self.paid_per_s
-        return tail_quantile_s(self.p_wait, decay, require_quantile(q))
+        return _paid_wait_s(self.p_wait, self.paid_per_s, self.service_s, self.servers,
+                            require_quantile(q))
+
+
+def _paid_wait_s(p_wait: float, paid_per_s: float, service_s: float, servers: int,
+                 q: float | None) -> float:
+    """A paid request's wait from Erlang C's ``p_wait``: its mean (``q=None``),
+    ``p_wait / (c/S - lambda_paid)``, or its ``q``-quantile, the tail falling off at that
+    same rate (:func:`tail_quantile_s`)."""
+    decay = servers / service_s - paid_per_s
+    return p_wait / decay if q is None else tail_quantile_s(p_wait, decay, q)
 
 
 def priority_mmc(
@@ -97,13 +106,11 @@ def priority_mmc(
             "requests at the gateway or add servers until utilization < 1."
         )
     p_wait = erlang_c(c, (lp + lf) * s)
-    rate = c / s
-    paid_decay = rate - lp
     return PriorityStats(
         lp, lf, s, c, rho, p_wait,
-        paid_mean_wait_s=p_wait / paid_decay,
-        paid_p95_wait_s=tail_quantile_s(p_wait, paid_decay, 0.95),
-        free_mean_wait_s=p_wait / (rate * (1 - rho_paid) * (1 - rho)),
+        paid_mean_wait_s=_paid_wait_s(p_wait, lp, s, c, None),
+        paid_p95_wait_s=_paid_wait_s(p_wait, lp, s, c, 0.95),
+        free_mean_wait_s=p_wait / (c / s * (1 - rho_paid) * (1 - rho)),
     )
 
 
@@ -143,14 +150,12 @@ def paid_p95_after_shedding(
 def _paid_wait_or_inf(lp: float, lf: float, s: float, c: int, q: float | None) -> float:
     """The paid class's ``q``-quantile wait (``q=None``: its mean); inf if unstable.
 
-    :func:`priority_mmc`'s formulas on arguments its callers checked once: the solvers
+    :func:`priority_mmc`'s paid wait on arguments its callers checked once: the solvers
     below call it hundreds of thousands of times."""
     load = (lp + lf) * s
-    if load >= c or load / c >= 1:
+    if load / c >= 1:
         return math.inf
-    p_wait = erlang_c_checked(c, load)
-    paid_decay = c / s - lp
-    return p_wait / paid_decay if q is None else tail_quantile_s(p_wait, paid_decay, q)
+    return _paid_wait_s(erlang_c_checked(c, load), lp, s, c, q)
 
 
 def _bisect(f: Callable[[float], float], lo: float, hi: float, steps: int = 100) -> float:
