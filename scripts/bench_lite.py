@@ -42,11 +42,16 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
 import build_lite  # scripts/, this script's folder, is first on sys.path
 
-from course.book.browser import CHROMIUM, CHROMIUM_ARGS, OFFLINE_ARGS, browser_cpu_seconds
+from course.book.browser import (
+    CHROMIUM,
+    CHROMIUM_ARGS,
+    OFFLINE_ARGS,
+    browser_cpu_seconds,
+    leaves_the_machine,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -96,10 +101,7 @@ class Recorder:
 
     def remote(self) -> list[str]:
         """Requests to any host but the local server's."""
-        host = urlsplit(self.base).hostname
-        return [u for u in self.urls
-                if urlsplit(u).scheme in ("http", "https", "ws", "wss")
-                and urlsplit(u).hostname != host]
+        return [u for u in self.urls if leaves_the_machine(u)]
 
     def on_request(self, request: Any) -> None:
         self.urls.append(request.url)

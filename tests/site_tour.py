@@ -37,7 +37,7 @@ from typing import Any
 
 from site_helpers import BUILD_DIR, ROOT, SETTLE_BODY, serve_directory, toc_pages, visit_in_tabs
 
-from course.book.browser import CHROMIUM, CHROMIUM_ARGS, OFFLINE_ARGS
+from course.book.browser import CHROMIUM, CHROMIUM_ARGS, OFFLINE_ARGS, leaves_the_machine
 
 sys.path.insert(0, str(ROOT / "scripts"))
 
@@ -255,7 +255,7 @@ async def _tour(base_url: str, found: dict[str, Any]) -> None:
     # the HTTP cache off: each page would fetch and compile every script again (MathJax,
     # the theme's), about 30 CPU seconds over the site.
     def note_remote(request: Any) -> None:
-        if not request.url.startswith((base_url, "data:", "blob:", "about:")):
+        if leaves_the_machine(request.url):
             found["remote"].append(request.url)
 
     def on_failed(request: Any) -> None:

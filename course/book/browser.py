@@ -2,7 +2,8 @@
 
 - :data:`CHROMIUM`: the Debian package's binary (``make browser`` installs it);
 - :data:`CHROMIUM_ARGS`: its flags in a container, with no network traffic of its own;
-- :data:`OFFLINE_ARGS`: the flag that leaves 127.0.0.1 the only address it resolves;
+- :data:`OFFLINE_ARGS`: the flag that leaves 127.0.0.1 the only address it resolves, and
+  :func:`leaves_the_machine`, which says whether a request it recorded was for another;
 - :func:`browser_cpu_seconds`: the CPU time of the Chromium processes this process
   started, the figure a benchmark reports beside wall time.
 """
@@ -11,8 +12,16 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from urllib.parse import urlsplit
 
-__all__ = ["CHROMIUM", "CHROMIUM_ARGS", "OFFLINE_ARGS", "browser_cpu_seconds"]
+__all__ = [
+    "CHROMIUM",
+    "CHROMIUM_ARGS",
+    "LOCAL_HOST",
+    "OFFLINE_ARGS",
+    "browser_cpu_seconds",
+    "leaves_the_machine",
+]
 
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_ARGS = [
@@ -26,7 +35,15 @@ CHROMIUM_ARGS = [
 # Nothing but the local server resolves: a request to any other host fails at once, in
 # the page, a worker or a service worker alike (a listener on the context records it).
 # Unlike Playwright's request routing, it leaves the browser's HTTP cache on.
-OFFLINE_ARGS = ["--host-resolver-rules=MAP * ~NOTFOUND , EXCLUDE 127.0.0.1"]
+LOCAL_HOST = "127.0.0.1"  # where the course's checks serve the site
+OFFLINE_ARGS = [f"--host-resolver-rules=MAP * ~NOTFOUND , EXCLUDE {LOCAL_HOST}"]
+
+
+def leaves_the_machine(url: str) -> bool:
+    """Whether a request for ``url`` is for another host than :data:`LOCAL_HOST` (``data:``,
+    ``blob:`` and ``about:`` addresses never leave the browser)."""
+    parts = urlsplit(url)
+    return parts.scheme in ("http", "https", "ws", "wss") and parts.hostname != LOCAL_HOST
 
 
 def browser_cpu_seconds() -> float:

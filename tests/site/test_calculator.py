@@ -34,7 +34,13 @@ from site_helpers import (
     serve_directory,
 )
 
-from course.book.browser import CHROMIUM, CHROMIUM_ARGS, OFFLINE_ARGS, browser_cpu_seconds
+from course.book.browser import (
+    CHROMIUM,
+    CHROMIUM_ARGS,
+    OFFLINE_ARGS,
+    browser_cpu_seconds,
+    leaves_the_machine,
+)
 
 pytestmark = pytest.mark.site
 
@@ -173,7 +179,7 @@ def calculator(html_dir: Path) -> Iterator[Calculator]:
     """One Chromium, one page, opened on the deep link; the first load is measured."""
     if not CHROMIUM.is_file():
         pytest.fail(f"{CHROMIUM} is missing: run `make browser` (Debian's chromium)")
-    from playwright.sync_api import Request, sync_playwright
+    from playwright.sync_api import sync_playwright
 
     with serve_directory(html_dir) as base_url, sync_playwright() as playwright:
         # Every host but 127.0.0.1 unresolvable, every request recorded: not Playwright's
@@ -186,10 +192,6 @@ def calculator(html_dir: Path) -> Iterator[Calculator]:
         page = context.new_page()
         calc = Calculator(page, base_url)
 
-        def note(request: Request) -> None:
-            if not request.url.startswith(("data:", "blob:")):
-                calc.requests.append(request.url)
-
         def on_response(response: Any) -> None:
             if response.status >= 400:
                 calc.failures.append(f"{response.status} {response.url}")
@@ -197,7 +199,7 @@ def calculator(html_dir: Path) -> Iterator[Calculator]:
                 size = int(response.headers.get("content-length", 0))
                 calc.first_load_bytes[response.url] = size
 
-        context.on("request", note)
+        context.on("request", lambda request: calc.requests.append(request.url))
         context.on("response", on_response)
         context.on("requestfailed", lambda r: calc.failures.append(f"{r.url}: {r.failure}"))
         page.on("pageerror", lambda exc: calc.errors.append(str(exc)))
@@ -471,7 +473,7 @@ def test_deep_link_with_a_bad_value_shows_the_cli_error(calculator: Calculator) 
 def test_no_request_leaves_the_site(calculator: Calculator) -> None:
     """Runs last: every request of every case above went to 127.0.0.1 and succeeded."""
     assert calculator.requests, "no request recorded"
-    outside = [u for u in calculator.requests if not u.startswith(calculator.base_url)]
+    outside = [u for u in calculator.requests if leaves_the_machine(u)]
     assert not outside, f"requests outside the site: {outside}"
     assert any(u.endswith("/_static/pyodide/pyodide.asm.wasm") for u in calculator.requests)
     assert any(u.endswith("/_static/calculator/kvlib.zip") for u in calculator.requests)
