@@ -11,16 +11,26 @@ TEST_WORKERS ?= $(shell $(PYTHON) -c "import os; print((os.cpu_count() or 1) + 1
 
 .PHONY: book test lint unit release check lab serve browser book-deps grading-deps system-deps clean
 
+# A fresh install spends most of its time in pip finding and unpacking 200 wheels, on one
+# core. constraints.txt pins every package the requirements pull in, so its pins install
+# first without resolving (--no-deps), split among INSTALL_JOBS pip processes; xargs fails
+# if any of them does. setuptools and wheel, which the venv already has, are left to the
+# resolving install after them: upgrading them while another pip scans site-packages
+# races. That install finds the pins satisfied, adds anything they miss, and fails on a
+# conflict, as it always did.
 # pip byte-compiles what it installs on one core (half the install's time, most of it
 # torch's); compileall does the same on every core. Compiled here, not on first import:
 # the grading sandbox runs kernels on a read-only venv that cannot cache what they compile.
 # Packages' own test suites (a ninth of the files) are never imported here: left out.
+INSTALL_JOBS := 3
+PIP_INSTALL := $(PY) -m pip install --quiet --disable-pip-version-check --no-compile
 $(STAMP): requirements.txt constraints.txt pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --disable-pip-version-check --no-compile \
-	  -r requirements.txt -c constraints.txt
-	$(PY) -m pip install --quiet --disable-pip-version-check --no-compile --no-deps \
-	  --no-build-isolation -e .
+	grep -E '^[A-Za-z0-9]' constraints.txt | grep -viE '^(setuptools|wheel)[=<>!~ ]' > $(VENV)/.pins
+	xargs -d '\n' -P $(INSTALL_JOBS) -n $$(( ($$(wc -l < $(VENV)/.pins) + $(INSTALL_JOBS) - 1) / $(INSTALL_JOBS) )) \
+	  $(PIP_INSTALL) --no-deps --no-warn-conflicts < $(VENV)/.pins
+	$(PIP_INSTALL) -r requirements.txt -c constraints.txt
+	$(PIP_INSTALL) --no-deps --no-build-isolation -e .
 	$(PY) -m compileall -q -j 0 -x '/tests/' $(VENV)/lib >/dev/null || true  # a py3.12-only torch file
 	touch $@
 
