@@ -15,7 +15,8 @@ matplotlib, torch); forked from a server that imported them once, it starts at o
 - ``launch -f CONNECTION_FILE``: the command of the ``python3`` kernel spec the build
   installs (:func:`write_kernel_spec`). It is what jupyter_client starts and watches as
   "the kernel process": it asks the server for a child, forwards the signals it receives
-  (interrupt, terminate) to it, and exits with the child's status. Killed outright, it
+  (interrupt, terminate) to it, and exits with the child's status (a child a signal
+  ended is named on its stderr, which the build's log keeps). Killed outright, it
   takes the child with it (the child watches the launcher's connection). With no server
   (``$KVLIB_KERNEL_SERVER`` unset or refused), it becomes ``python -m ipykernel_launcher``.
 
@@ -110,9 +111,17 @@ def launch(argv: list[str]) -> int:
         line = _read_line(sock, buffer)  # recv resumes after a forwarded signal (PEP 475)
     except OSError:
         line = None
+    # Said on stderr (the build's log) when it is not a plain exit: jupyter_client only
+    # reports that the kernel died.
     if line is None or not line.startswith("exit "):
+        print(f"kernel_server launch: the server closed kernel {child}'s connection without "
+              "its exit status", file=sys.stderr, flush=True)
         return 1  # the server went away: the kernel with it
-    return int(line.split()[1])
+    _, status, *killed_by = line.split()
+    if killed_by:
+        print(f"kernel_server launch: kernel {child} was killed by {killed_by[0]}",
+              file=sys.stderr, flush=True)
+    return int(status)
 
 
 # --- the server ------------------------------------------------------------------------
@@ -232,10 +241,12 @@ def _reap(children: dict[int, socket.socket]) -> None:
         if pid == 0:
             return
         code = os.waitstatus_to_exitcode(status)
+        # "exit STATUS", and the signal's name after it when a signal ended the kernel.
+        line = f"exit {code}" if code >= 0 else f"exit {128 - code} {signal.Signals(-code).name}"
         conn = children.pop(pid, None)
         if conn is not None:
             with contextlib.suppress(OSError):
-                conn.sendall(f"exit {code if code >= 0 else 128 - code}\n".encode())
+                conn.sendall(f"{line}\n".encode())
             conn.close()
 
 

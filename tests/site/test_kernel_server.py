@@ -40,11 +40,11 @@ def server_env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, s
 class Kernel:
     """A kernel started as nbclient starts a page's: the ``python3`` spec, a folder."""
 
-    def __init__(self, env: dict[str, str], cwd: Path) -> None:
+    def __init__(self, env: dict[str, str], cwd: Path, **launch: Any) -> None:
         self.manager = KernelManager(kernel_name="python3")
         self.manager.kernel_spec_manager.kernel_dirs = [str(Path(env["JUPYTER_PATH"]) /
                                                             "kernels")]
-        self.manager.start_kernel(env=env, cwd=str(cwd))
+        self.manager.start_kernel(env=env, cwd=str(cwd), **launch)
         self.client = self.manager.client()
         self.client.start_channels()
         self.client.wait_for_ready(timeout=60)
@@ -177,6 +177,25 @@ def test_the_launcher_exits_with_the_kernel_s_status(kernel: Kernel) -> None:
     kernel.client.execute("import os\nos._exit(7)")
     process = kernel.manager.provisioner.process  # type: ignore[union-attr]
     assert process.wait(timeout=20) == 7
+
+
+def test_a_kernel_killed_by_a_signal_is_named_on_the_launcher_s_stderr(
+    server_env: dict[str, str], tmp_path: Path
+) -> None:
+    """jupyter_client says only that a kernel died: the launcher says how (the build's log
+    keeps its stderr), and exits as a shell reports a killed process."""
+    log = tmp_path / "stderr.txt"
+    with open(log, "w") as stderr:
+        kernel = Kernel(server_env, tmp_path, stderr=stderr)
+        try:
+            child = int(kernel.value("__import__('os').getpid()"))
+            os.kill(child, signal.SIGSEGV)
+            process = kernel.manager.provisioner.process  # type: ignore[union-attr]
+            assert process.wait(timeout=20) == 128 + signal.SIGSEGV
+        finally:
+            kernel.close()
+    said = log.read_text()
+    assert f"kernel_server launch: kernel {child} was killed by SIGSEGV" in said, said
 
 
 def test_a_killed_launcher_takes_its_kernel(kernel: Kernel) -> None:
