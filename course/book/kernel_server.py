@@ -101,7 +101,10 @@ def launch(argv: list[str]) -> int:
         _fresh_kernel(argv)  # the server could not preload or fork: a plain kernel
     child = int(first.split()[1])
 
+    forwarded: set[str] = set()
+
     def forward(signum: int, frame: object) -> None:
+        forwarded.add(signal.Signals(signum).name)
         with contextlib.suppress(ProcessLookupError):
             os.kill(child, signum)
 
@@ -111,14 +114,14 @@ def launch(argv: list[str]) -> int:
         line = _read_line(sock, buffer)  # recv resumes after a forwarded signal (PEP 475)
     except OSError:
         line = None
-    # Said on stderr (the build's log) when it is not a plain exit: jupyter_client only
-    # reports that the kernel died.
+    # Said on stderr (the build's log) when the kernel did not simply exit and was not
+    # stopped by a signal jupyter_client sent: jupyter_client only reports that it died.
     if line is None or not line.startswith("exit "):
         print(f"kernel_server launch: the server closed kernel {child}'s connection without "
               "its exit status", file=sys.stderr, flush=True)
         return 1  # the server went away: the kernel with it
     _, status, *killed_by = line.split()
-    if killed_by:
+    if killed_by and killed_by[0] not in forwarded:
         print(f"kernel_server launch: kernel {child} was killed by {killed_by[0]}",
               file=sys.stderr, flush=True)
     return int(status)

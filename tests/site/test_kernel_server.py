@@ -198,6 +198,24 @@ def test_a_kernel_killed_by_a_signal_is_named_on_the_launcher_s_stderr(
     assert f"kernel_server launch: kernel {child} was killed by SIGSEGV" in said, said
 
 
+def test_a_kernel_stopped_by_a_forwarded_signal_goes_unremarked(
+    server_env: dict[str, str], tmp_path: Path
+) -> None:
+    """jupyter_client stops a kernel that will not shut down with SIGTERM to its launcher:
+    the launcher forwards it and leaves the build's log alone."""
+    log = tmp_path / "stderr.txt"
+    with open(log, "w") as stderr:
+        kernel = Kernel(server_env, tmp_path, stderr=stderr)
+        try:
+            kernel.value("1")  # started and answering
+            process = kernel.manager.provisioner.process  # type: ignore[union-attr]
+            process.send_signal(signal.SIGTERM)
+            assert process.wait(timeout=20) == 128 + signal.SIGTERM
+        finally:
+            kernel.close()
+    assert "kernel_server launch" not in log.read_text()
+
+
 def test_a_killed_launcher_takes_its_kernel(kernel: Kernel) -> None:
     child = int(kernel.value("__import__('os').getpid()"))
     kernel.manager.provisioner.process.send_signal(signal.SIGKILL)  # type: ignore[union-attr]
