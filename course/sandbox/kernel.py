@@ -296,7 +296,7 @@ class SandboxedKernelManager(AsyncKernelManager):
         os.symlink(inside, link)
         os.replace(link, self.socket_dir)  # clients reconnect through the new link
         namespace = os.readlink(f"/proc/{init}/ns/pid")
-        self.watchdog = Watchdog(process.pid, namespace, self.limits)
+        self.watchdog = Watchdog(process.pid, namespace, self.limits, init=init)
         self.watchdog.start()
 
     async def _async_wait(self, pollinterval: float = 0.1) -> None:

@@ -238,20 +238,56 @@ def _threads(pid: str) -> int:
     return 1
 
 
-def sandbox_usage(pid_namespace: str) -> Usage:
-    """Sum over the processes whose pid namespace is ``pid_namespace`` (a ``ns/pid`` link)."""
+def sandbox_usage(pid_namespace: str, init: int | None = None) -> Usage:
+    """Sum over the processes whose pid namespace is ``pid_namespace`` (a ``ns/pid`` link).
+
+    With ``init``, the namespace's init (pid 1 inside), they are found by walking down from
+    it (:func:`descendants`), reading the sandbox's own entries of /proc only: a watchdog
+    reads them ten times a second, and a grading machine runs one sandbox per core beside
+    thousands of other processes. Without it, or where /proc lists no children, every
+    process's namespace is read.
+    """
+    pids = descendants(init, pid_namespace) if init is not None else None
+    if pids is None:
+        pids = [entry.name for entry in os.scandir("/proc") if entry.name.isdigit()]
     memory = tasks = 0
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
-            continue
+    for pid in pids:
         try:
-            if os.readlink(f"/proc/{entry.name}/ns/pid") != pid_namespace:
+            if os.readlink(f"/proc/{pid}/ns/pid") != pid_namespace:
                 continue
-            memory += _pss_bytes(entry.name)
-            tasks += _threads(entry.name)
+            memory += _pss_bytes(pid)
+            tasks += _threads(pid)
         except (OSError, ValueError, IndexError):  # exited meanwhile, or not ours to read
             continue
     return Usage(memory, tasks)
+
+
+def descendants(init: int, pid_namespace: str) -> list[str] | None:
+    """``init`` and every process below it, as /proc names; [] once ``init`` is no longer
+    the init of ``pid_namespace`` (it ended: its pid may be another process's now); None
+    where the kernel keeps no ``/proc/PID/task/TID/children`` (CONFIG_PROC_CHILDREN).
+
+    Every process of a pid namespace descends from the namespace's init, which adopts the
+    namespace's orphans, so the walk misses none that lived through it.
+    """
+    try:
+        if os.readlink(f"/proc/{init}/ns/pid") != pid_namespace:
+            return []
+        if not os.path.exists(f"/proc/{init}/task/{init}/children"):
+            return None
+    except OSError:
+        return []
+    found, todo = [], [str(init)]
+    while todo:
+        pid = todo.pop()
+        found.append(pid)
+        try:
+            for tid in os.listdir(f"/proc/{pid}/task"):
+                with open(f"/proc/{pid}/task/{tid}/children", "rb") as f:
+                    todo.extend(child.decode() for child in f.read().split())
+        except OSError:  # ended meanwhile: its children are the init's now, seen next time
+            continue
+    return found
 
 
 class Watchdog(threading.Thread):
@@ -260,15 +296,22 @@ class Watchdog(threading.Thread):
     ``bwrap_pid`` is the grader's own child, so its pid cannot be reused before
     the grader reaps it; bubblewrap's ``--die-with-parent`` then takes the whole
     pid namespace (``pid_namespace``, the ``ns/pid`` link of the sandbox's init)
-    down. ``reason`` says which limit was hit, for the student's feedback.
+    down. ``init``, the namespace's init, lets it read only the sandbox's processes
+    (:func:`sandbox_usage`). ``reason`` says which limit was hit, for the student's feedback.
     """
 
     def __init__(
-        self, bwrap_pid: int, pid_namespace: str, limits: Limits, interval_s: float = 0.1
+        self,
+        bwrap_pid: int,
+        pid_namespace: str,
+        limits: Limits,
+        interval_s: float = 0.1,
+        init: int | None = None,
     ) -> None:
         super().__init__(name=f"kvlib-watchdog-{bwrap_pid}", daemon=True)
         self.bwrap_pid = bwrap_pid
         self.pid_namespace = pid_namespace
+        self.init = init
         self.limits = limits
         self.interval_s = interval_s
         self.reason = ""
@@ -281,7 +324,7 @@ class Watchdog(threading.Thread):
 
     def run(self) -> None:
         while not self._stop_event.wait(self.interval_s):
-            usage = sandbox_usage(self.pid_namespace)
+            usage = sandbox_usage(self.pid_namespace, self.init)
             self.peak = Usage(
                 max(self.peak.memory_bytes, usage.memory_bytes), max(self.peak.tasks, usage.tasks)
             )

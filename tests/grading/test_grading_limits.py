@@ -10,6 +10,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +22,7 @@ from course.sandbox.limits import (
     LAUNCHER,
     STREAM_CHUNK_CHARS,
     Limits,
+    descendants,
     kernel_argv,
     launcher_argv,
     sandbox_usage,
@@ -205,6 +207,80 @@ def test_quiet_kernel_is_left_alone() -> None:
 
 def test_usage_of_an_empty_namespace_is_zero() -> None:
     assert sandbox_usage("pid:[0]").tasks == 0
+
+
+# In a pid namespace: two children, a grandchild, and an orphan (its parent exits and the
+# namespace's init adopts it); then every process sleeps.
+_TREE = """\
+import os, time
+def sleeper(then=None):
+    if os.fork() == 0:
+        if then:
+            then()
+        time.sleep(60)
+        os._exit(0)
+sleeper(lambda: sleeper())
+if os.fork() == 0:
+    sleeper()
+    os._exit(0)
+os.wait()
+time.sleep(60)
+"""
+
+
+@pytest.fixture
+def process_tree() -> Any:
+    """``(init, namespace)`` of a bubblewrap sandbox running :data:`_TREE`, once its five
+    processes (the init, the script, two children, a grandchild, the orphan) all run."""
+    if shutil.which("bwrap") is None:
+        pytest.skip("bubblewrap is not installed")
+    read, write = os.pipe()
+    argv = ["bwrap", *system_argv(), "--proc", "/proc", "--dev", "/dev",
+            "--info-fd", str(write), "--", "/usr/bin/python3", "-I", "-S", "-c", _TREE]
+    sandbox = subprocess.Popen(argv, pass_fds=(write,))
+    os.close(write)
+    try:
+        info = b""
+        while b"}" not in info:
+            chunk = os.read(read, 4096)
+            assert chunk, f"bubblewrap said nothing (status {sandbox.poll()})"
+            info += chunk
+        init = int(json.loads(info[: info.index(b"}") + 1])["child-pid"])
+        namespace = os.readlink(f"/proc/{init}/ns/pid")
+        deadline = time.monotonic() + 30
+        while sandbox_usage(namespace).tasks < 5 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        yield init, namespace
+    finally:
+        os.close(read)
+        sandbox.kill()
+        sandbox.wait()
+
+
+def _namespace(pid: str) -> str | None:
+    try:
+        return os.readlink(f"/proc/{pid}/ns/pid")
+    except OSError:  # ended meanwhile
+        return None
+
+
+def test_walking_down_from_the_init_finds_what_reading_all_of_proc_finds(
+    process_tree: tuple[int, str],
+) -> None:
+    init, namespace = process_tree
+    everyone = sorted(e.name for e in os.scandir("/proc") if e.name.isdigit()
+                      and _namespace(e.name) == namespace)
+    walked = descendants(init, namespace)
+    assert walked is not None and sorted(walked) == everyone and len(everyone) == 5
+    scanned, seen = sandbox_usage(namespace), sandbox_usage(namespace, init)
+    assert seen.tasks == scanned.tasks == 5
+    assert seen.memory_bytes == pytest.approx(scanned.memory_bytes, rel=0.05)
+
+
+def test_an_init_that_ended_has_no_descendants(process_tree: tuple[int, str]) -> None:
+    init, namespace = process_tree
+    assert descendants(init, "pid:[0]") == []  # not that namespace's init (any more)
+    assert descendants(os.getpid(), namespace) == []
 
 
 @pytest.mark.skipif(
