@@ -62,6 +62,10 @@ PROBES = {
     "limits": "import resource, json\n"
     "print(json.dumps({n: resource.getrlimit(getattr(resource, n))[0]"
     " for n in ['RLIMIT_AS', 'RLIMIT_NPROC', 'RLIMIT_FSIZE', 'RLIMIT_CORE']}))",
+    "debugger": "import json, sys\n"
+    "blocked = 'debugpy' in sys.modules and sys.modules['debugpy'] is None\n"
+    "print(json.dumps({'blocked': blocked, "
+    "'pydevd': sorted(m for m in sys.modules if 'pydevd' in m)[:3]}))",
     "memory": "import json\ntry:\n    x = bytearray(512 * 2**20)\n    r = 'allocated'\n"
     "except MemoryError:\n    r = 'MemoryError'\nprint(json.dumps({'result': r}))",
 }
@@ -207,6 +211,11 @@ class TestModes:
         km = SandboxedKernelManager(mode="require")
         assert km.sandboxed and km.transport == "ipc"
         assert km.ip.startswith(km.socket_dir) and km.connection_file.startswith(km.runtime_dir)
+
+
+def test_no_debugger_is_loaded(probes: dict[str, Any]) -> None:
+    # debugpy blocked (None in sys.modules), and none of pydevd loaded
+    assert probes["debugger"] == {"blocked": True, "pydevd": []}
 
 
 def test_kernel_uid_is_unique_per_grading_process() -> None:
