@@ -18,12 +18,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from course.apps.scratch import (
-    NbgraderError,
-    assignment_ids,
-    make_course,
-    run_nbgrader,
-)
+from course.apps.scratch import NbgraderError, assignment_ids, generate_assignment, make_course
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -33,7 +28,7 @@ def release(assignments: list[str], output: Path) -> None:
     with tempfile.TemporaryDirectory(prefix="kvlib-release-") as tmp:
         course = make_course(Path(tmp), ROOT, assignments, sandbox="off")
         for assignment in assignments:
-            run_nbgrader(course, "generate_assignment", assignment, "--force")
+            generate_assignment(course, assignment)
             target = output / assignment
             if target.exists():
                 shutil.rmtree(target)

@@ -146,12 +146,12 @@ def new_course(
 ) -> tuple[Path, Path]:
     """A throwaway course with chapter 1's assignment (and ``files``, by name, added to its
     ``solutions/``) in its gradebook; the course folder and its released notebook."""
-    from course.apps.scratch import make_course, run_nbgrader
+    from course.apps.scratch import generate_assignment, make_course
 
     course = make_course(folder, ROOT, [ASSIGNMENT], timeout_s=timeout_s, limits=limits)
     for name, text in (files or {}).items():
         (course / "solutions" / ASSIGNMENT / name).write_text(text)
-    run_nbgrader(course, "generate_assignment", ASSIGNMENT, "--force")
+    generate_assignment(course, ASSIGNMENT)
     return course, course / "exercises" / ASSIGNMENT / f"{NOTEBOOK}.ipynb"
 
 

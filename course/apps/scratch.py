@@ -13,6 +13,7 @@ import os
 import shutil
 import subprocess
 import sys
+import warnings
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
@@ -24,6 +25,7 @@ __all__ = [
     "assignment_ids",
     "course_root",
     "create_gradebook",
+    "generate_assignment",
     "make_course",
     "nbgrader_api",
     "run_nbgrader",
@@ -151,6 +153,22 @@ def nbgrader_api(course: Path) -> Any:
 
     config = PyFileConfigLoader("nbgrader_config.py", path=str(course)).load_config()
     return NbGraderAPI(config=config)
+
+
+def generate_assignment(course: Path, assignment: str) -> None:
+    """``nbgrader generate_assignment ASSIGNMENT --force`` in ``course``, through nbgrader's
+    API in this process (:func:`nbgrader_api`): a caller that releases several assignments,
+    or several courses, imports nbgrader once instead of starting it for each."""
+    here = os.getcwd()  # nbgrader changes into the course folder
+    try:
+        with scripts_on_path(), warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # as run_nbgrader's PYTHONWARNINGS=ignore
+            result = nbgrader_api(course).generate_assignment(assignment, force=True, create=True)
+    finally:
+        os.chdir(here)
+    if not result["success"]:
+        tail = "\n".join(str(result.get("error") or result.get("log")).strip().splitlines()[-15:])
+        raise NbgraderError(f"nbgrader generate_assignment {assignment} failed:\n{tail}")
 
 
 def run_nbgrader(course: Path, *args: str, timeout_s: float = 1800) -> str:
