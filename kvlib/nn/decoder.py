@@ -12,7 +12,11 @@ row differently when the batch changes shape).
 A batch is a list of sequences, each bringing its new tokens (a whole prompt
 in prefill, one token in decode) and the cache slots of all its tokens. The
 matrix products run once over all new tokens of the batch (``N = sum n_i``
-rows); attention runs per sequence over its own cached keys and values.
+rows), and so does the write of their keys and values into the cache. Attention
+reads each sequence's own cached keys and values: the sequences with one new token
+(decodes) in one batched product, their keys gathered into ``(B, T_max)`` with the
+slots past a sequence's length masked out; a sequence with several new tokens (a
+prompt or a chunk of one) on its own, in blocks of queries.
 """
 
 from __future__ import annotations
@@ -107,25 +111,39 @@ class _Block:
 @dataclass(frozen=True)
 class _Rows:
     """One sequence's part of a forward pass, the same in every layer: its rows of the
-    batch, the cache slots its new keys and values go to, the slots attention reads
-    (all of its tokens), and its queries in blocks (:data:`QUERY_BLOCK`)."""
+    batch, the slots attention reads (all of its tokens), and its queries in blocks
+    (:data:`QUERY_BLOCK`)."""
 
     first: int
     count: int
-    write: torch.Tensor
     read: torch.Tensor
     blocks: tuple[_Block, ...]
 
 
 @dataclass(frozen=True)
+class _Decodes:
+    """The sequences of a pass with one new token each, attended together: their rows of
+    the batch ``(B,)``, the slots of each one's tokens ``(B, T_max)`` (a shorter sequence's
+    row padded with its own first slot), and ``padded``, ``(B, 1, 1, T_max)``, true
+    where a slot is padding (None when every sequence has ``T_max`` tokens)."""
+
+    rows: torch.Tensor
+    read: torch.Tensor
+    padded: torch.Tensor | None
+
+
+@dataclass(frozen=True)
 class _Pass:
     """What every layer of one forward pass shares: the rotary angles' cosines and sines
-    at each new token's position, ``(N, 1, d/2)``, and each sequence's rows. Made once
-    per pass, not once per layer."""
+    at each new token's position, ``(N, 1, d/2)``, the cache slot of each new token
+    ``(N,)``, the sequences with several new tokens (:class:`_Rows`) and those with one
+    (:class:`_Decodes`). Made once per pass, not once per layer."""
 
     cos: torch.Tensor
     sin: torch.Tensor
+    write: torch.Tensor
     rows: tuple[_Rows, ...]
+    decodes: _Decodes | None
 
 
 def _rotary(positions: torch.Tensor, d: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -151,14 +169,51 @@ def _query_blocks(start: int, new: int) -> tuple[_Block, ...]:
     return tuple(blocks)
 
 
-def _sequence_rows(batch: Sequence[SeqInput]) -> tuple[_Rows, ...]:
+def _sequence_rows(batch: Sequence[SeqInput]) -> tuple[tuple[_Rows, ...], _Decodes | None]:
+    """The sequences with several new tokens, each with its rows, and those with one."""
     rows, first = [], 0
+    decode_rows: list[int] = []
+    decode_slots: list[Sequence[int]] = []
     for seq in batch:
         new, total = len(seq.new_tokens), seq.start + len(seq.new_tokens)
-        rows.append(_Rows(first, new, torch.tensor(seq.slots[seq.start : total]),
-                          torch.tensor(seq.slots[:total]), _query_blocks(seq.start, new)))
+        if new == 1:
+            decode_rows.append(first)
+            decode_slots.append(seq.slots[:total])
+        else:
+            rows.append(_Rows(first, new, torch.tensor(seq.slots[:total]),
+                              _query_blocks(seq.start, new)))
         first += new
-    return tuple(rows)
+    return tuple(rows), _decodes(decode_rows, decode_slots)
+
+
+def _decodes(rows: list[int], slots: list[Sequence[int]]) -> _Decodes | None:
+    if not rows:
+        return None
+    longest = max(len(s) for s in slots)
+    # Padding reads a slot the sequence owns (its first): a real row, masked out.
+    read = torch.tensor([[*s, *[s[0]] * (longest - len(s))] for s in slots])
+    lengths = torch.tensor([len(s) for s in slots])
+    padded = None
+    if int(lengths.min()) < longest:
+        padded = (torch.arange(longest) >= lengths[:, None])[:, None, None, :]
+    return _Decodes(torch.tensor(rows), read, padded)
+
+
+def _attend_decodes(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
+                    decodes: _Decodes, kv_heads: int) -> torch.Tensor:
+    """``softmax(q k^T / sqrt(d)) v`` for B sequences of one new token each, together:
+    ``q`` is ``(B, H, d)``, ``keys`` and ``values`` the layer's cache ``(slots, H_kv, d)``;
+    returns ``(B, H, d)``. Query head h reads KV head h // G, as in :func:`_attend`; a
+    padded slot scores ``-inf`` and so weighs exactly 0."""
+    b, heads, d = q.shape
+    # One query a sequence: the G query heads of a KV head are the rows of its product.
+    q = q.view(b, kv_heads, heads // kv_heads, d)
+    k = keys[decodes.read].permute(0, 2, 1, 3)  # (B, H_kv, T_max, d)
+    v = values[decodes.read].permute(0, 2, 1, 3)
+    scores = torch.matmul(q, k.transpose(-1, -2)) * d**-0.5  # (B, H_kv, G, T_max)
+    if decodes.padded is not None:
+        scores.masked_fill_(decodes.padded, float("-inf"))
+    return torch.matmul(torch.softmax(scores, dim=-1), v).reshape(b, heads, d)
 
 
 def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
@@ -216,11 +271,14 @@ class _Layer(nn.Module):
         k = self.k_proj(normed).view(n, self.kv_heads, self.head_dim)
         k = rotate_half_split(k, shared.cos, shared.sin)
         v = self.v_proj(normed).view(n, self.kv_heads, self.head_dim)  # (N, H_kv, d)
+        keys[shared.write], values[shared.write] = k, v
         out = torch.empty_like(q)
         groups = self.heads // self.kv_heads
+        if shared.decodes is not None:
+            out[shared.decodes.rows] = _attend_decodes(
+                q[shared.decodes.rows], keys, values, shared.decodes, self.kv_heads)
         for seq in shared.rows:
             end = seq.first + seq.count
-            keys[seq.write], values[seq.write] = k[seq.first : end], v[seq.first : end]
             # (n, H, d) -> (H_kv, G, n, d): query head h reads KV head h // G, as in
             # transformers' repeat_kv.
             seq_q = q[seq.first : end].view(seq.count, self.kv_heads, groups, self.head_dim)
@@ -266,7 +324,9 @@ class TinyDecoder(nn.Module):
             [seq.start + j for seq in batch for j in range(len(seq.new_tokens))]
         )
         cos, sin = _rotary(positions, self.cfg.head_dim)
-        shared = _Pass(cos, sin, _sequence_rows(batch))
+        write = torch.tensor([slot for seq in batch
+                              for slot in seq.slots[seq.start : seq.start + len(seq.new_tokens)]])
+        shared = _Pass(cos, sin, write, *_sequence_rows(batch))
         x = self.embed_tokens(tokens)  # (N, h)
         for layer, keys, values in zip(self.layers, kv.keys, kv.values, strict=True):
             x = layer(x, shared, keys, values)

@@ -114,6 +114,28 @@ def test_a_batch_equals_its_sequences_alone(model: TinyDecoder) -> None:
         assert torch.allclose(together[i], alone[0], rtol=0, atol=1e-12)
 
 
+def test_decodes_of_different_lengths_beside_a_prompt_equal_each_alone(
+        model: TinyDecoder) -> None:
+    """One pass with three decodes (6, 13 and 31 tokens: the shorter ones padded in the
+    batched product) and a prompt: each decode's logits are those of its whole sequence
+    prefilled alone, through the per-sequence path, and the prompt's are its own."""
+    rng = random.Random(4)
+    sequences = [[rng.randrange(512) for _ in range(n)] for n in (6, 13, 31, 7)]
+    blocks = rng.sample(range(40), 40)  # scattered blocks, ten a sequence
+    tables = [blocks[10 * i : 10 * i + 10] for i in range(4)]
+    kv = PagedKV(model.cfg, 40, BLOCK, torch.float64)
+    for tokens, table in zip(sequences[:3], tables, strict=False):  # cache all but the last
+        model.forward_batch([SeqInput(tokens[:-1], 0, _slots(len(tokens) - 1, table))], kv)
+    batch = [SeqInput(t[-1:], len(t) - 1, _slots(len(t), table))
+             for t, table in zip(sequences[:3], tables, strict=False)]
+    batch.append(SeqInput(sequences[3], 0, _slots(len(sequences[3]), tables[3])))
+    together = model.forward_batch(batch, kv)
+    for i, (tokens, table) in enumerate(zip(sequences, tables, strict=True)):
+        alone = model.forward_batch([SeqInput(tokens, 0, _slots(len(tokens), table))],
+                                    PagedKV(model.cfg, 40, BLOCK, torch.float64))
+        assert torch.allclose(together[i], alone[0], rtol=0, atol=1e-12), i
+
+
 def test_cache_bytes_are_kvlibs(model: TinyDecoder) -> None:
     from kvlib.sizing import summed_page_bytes
 
