@@ -237,17 +237,20 @@ def tour(html_dir: Path) -> dict[str, Any]:
     if not AXE.is_file():
         raise AssertionError(f"{AXE} is missing: run `make book` (npm ci installs axe-core)")
     ARTIFACTS.mkdir(exist_ok=True)
-    with serve_directory(html_dir) as base_url:
+    # axe-core is loaded by its address, from a server of its own on the same host, not
+    # injected as text: Chromium then keeps its compiled code from one page to the next
+    # (as text, every page compiled its half megabyte again: 20 CPU s over the tour).
+    with serve_directory(html_dir) as base_url, serve_directory(AXE.parent) as axe_base:
         found: dict[str, Any] = {
             "base_url": base_url, "pages": {}, "plot_colours": {}, "reflow": {},
             "screenshots": [], "remote": [], "failed": [], "bad_responses": [], "fonts": [],
         }
-        asyncio.run(_tour(base_url, found))
+        asyncio.run(_tour(base_url, f"{axe_base}{AXE.name}", found))
     found["screenshots"].sort()
     return found
 
 
-async def _tour(base_url: str, found: dict[str, Any]) -> None:
+async def _tour(base_url: str, axe_url: str, found: dict[str, Any]) -> None:
     from playwright.async_api import async_playwright
 
     # Nothing leaves the machine: the browser resolves no other host (OFFLINE_ARGS), and
@@ -275,7 +278,8 @@ async def _tour(base_url: str, found: dict[str, Any]) -> None:
     axe_tabs: set[Any] = set()
 
     async def visit(page: Any, docname: str) -> None:
-        found["pages"][docname] = await _visit(page, base_url, docname, found, axe_tabs)
+        found["pages"][docname] = await _visit(page, base_url, axe_url, docname, found,
+                                               axe_tabs)
 
     async with async_playwright() as playwright:
         browser = await playwright.chromium.launch(
@@ -310,7 +314,7 @@ def _tab_of(request: Any) -> Any:
         return None
 
 
-async def _visit(page: Any, base_url: str, docname: str, found: dict[str, Any],
+async def _visit(page: Any, base_url: str, axe_url: str, docname: str, found: dict[str, Any],
                  axe_tabs: set[Any]) -> dict[str, Any]:
     """Every step of the tour on one page (the module's docstring lists them); the tab is
     back at 1280 px when it returns. While axe-core runs, the tab is in ``axe_tabs``."""
@@ -338,7 +342,7 @@ async def _visit(page: Any, base_url: str, docname: str, found: dict[str, Any],
         if docname in CHAPTER_PAGES:
             seen["overflow"][str(WIDE)] = await page.evaluate(OVERFLOW_JS)
         axe_tabs.add(page)
-        await page.add_script_tag(path=str(AXE))
+        await page.add_script_tag(url=axe_url)
         seen["axe"] = await page.evaluate(AXE_RUN)
         await _narrowed(page, docname, seen, found)
     finally:
