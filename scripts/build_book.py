@@ -20,8 +20,9 @@ Steps:
    the book must never come from an old kvlib.
 4. Run ``jupyter-book build . --builder html -W -n --keep-going``: any Sphinx
    warning, broken reference or failing cell makes the build fail. Each page runs in
-   its own kernel, forked from a server that imported ipykernel, numpy, matplotlib and
-   torch once (``course.book.kernel_server``; the build's ``python3`` kernel spec).
+   its own kernel, forked from a server that imported ipykernel, and numpy, matplotlib
+   and torch where the pages import them, once (``course.book.kernel_server``; the
+   build's ``python3`` kernel spec).
 5. Name the sidebar's section toggles (:func:`label_section_toggles`), then scan the
    HTML for remote script, stylesheet or font addresses: the site must
    read offline; check that every file the calculator page loads was built.
@@ -336,6 +337,26 @@ def chapter_config(source: Path, output: Path) -> Path:
     return path
 
 
+def page_sources(source: Path, toc: Path) -> list[str]:
+    """The MyST text of every page ``toc`` names, at any depth (a page it names that is
+    missing is Sphinx's to report)."""
+    import yaml
+
+    names: list[str] = []
+
+    def walk(node: object) -> None:
+        if isinstance(node, dict):
+            names.extend(str(node[key]) for key in ("root", "file") if key in node)
+            node = list(node.values())
+        if isinstance(node, list):
+            for item in node:
+                walk(item)
+
+    walk(yaml.safe_load(toc.read_text(encoding="utf-8")))
+    pages = [(source / name).with_suffix(".md") for name in names]
+    return [page.read_text(encoding="utf-8") for page in pages if page.is_file()]
+
+
 def chapter_toc(source: Path, chapter: str, output: Path) -> Path:
     """A table of contents with the front pages, chapter 1 and ``chapter`` only."""
     import yaml
@@ -430,7 +451,8 @@ def main(argv: list[str] | None = None) -> int:
     env["JUPYTER_PATH"] = os.pathsep.join(filter(None, [str(kernel_spec),
                                                         env.get("JUPYTER_PATH")]))
     command = jupyter_book_command(source, rebuild_all, output, toc, config)
-    with kernel_server.running_server(env):
+    pages = page_sources(source, toc or source / "_toc.yml")
+    with kernel_server.running_server(env, kernel_server.preloads_for(pages)):
         result = subprocess.run(command, cwd=source, env=env, check=False)
     if result.returncode != 0:
         print(f"build_book: jupyter-book failed with exit status {result.returncode}",

@@ -37,6 +37,30 @@ def server_env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, s
         yield dict(env)
 
 
+def test_the_server_preloads_what_the_pages_import() -> None:
+    pages = ["```{code-cell} ipython3\nimport torch\nfrom matplotlib import pyplot\n```",
+             "```{code-cell} ipython3\nimport torchvision  # not torch\n```"]
+    assert kernel_server.preloads_for(pages) == (
+        "ipykernel.kernelapp", "matplotlib.figure", "torch")
+    assert kernel_server.preloads_for(["```{code-cell} ipython3\nprint(6 * 7)\n```"]) == (
+        "ipykernel.kernelapp",)
+    assert kernel_server.preloads_for(["text that says import numpy, in prose"]) == (
+        "ipykernel.kernelapp",)
+
+
+def test_a_server_preloading_less_gives_kernels_that_import_the_rest(tmp_path: Path) -> None:
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    env["JUPYTER_PATH"] = str(kernel_server.write_kernel_spec(tmp_path / "spec"))
+    with kernel_server.running_server(env, ("ipykernel.kernelapp",)) as ready:
+        assert ready
+        started = Kernel(env, tmp_path)
+        try:
+            assert started.value("'torch' in __import__('sys').modules") == "False"
+            assert started.value("__import__('torch').tensor([2]).item() * 21") == "42"
+        finally:
+            started.close()
+
+
 class Kernel:
     """A kernel started as nbclient starts a page's: the ``python3`` spec, a folder."""
 
