@@ -52,6 +52,7 @@ from pathlib import Path
 
 import build_lite  # scripts/build_lite.py, beside this file
 import pack_kvlib  # scripts/pack_kvlib.py, beside this file
+from measure_pages import toc_docnames  # scripts/measure_pages.py, beside this file
 
 from course.book import kernel_server
 
@@ -338,22 +339,9 @@ def chapter_config(source: Path, output: Path) -> Path:
 
 
 def page_sources(source: Path, toc: Path) -> list[str]:
-    """The MyST text of every page ``toc`` names, at any depth (a page it names that is
-    missing is Sphinx's to report)."""
-    import yaml
-
-    names: list[str] = []
-
-    def walk(node: object) -> None:
-        if isinstance(node, dict):
-            names.extend(str(node[key]) for key in ("root", "file") if key in node)
-            node = list(node.values())
-        if isinstance(node, list):
-            for item in node:
-                walk(item)
-
-    walk(yaml.safe_load(toc.read_text(encoding="utf-8")))
-    pages = [(source / name).with_suffix(".md") for name in names]
+    """The MyST text of every page ``toc`` names (a page it names that is missing is
+    Sphinx's to report)."""
+    pages = [source / f"{name}.md" for name in toc_docnames(toc.read_text(encoding="utf-8"))]
     return [page.read_text(encoding="utf-8") for page in pages if page.is_file()]
 
 

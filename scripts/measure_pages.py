@@ -123,12 +123,18 @@ def _toc_files(entries: list[dict[str, object]]) -> list[str]:
     return names
 
 
-def chapter_docnames(toc_text: str) -> list[str]:
-    """Chapter pages named in a _toc.yml (``book/NN_slug/...``), in reading order."""
+def toc_docnames(toc_text: str) -> list[str]:
+    """Every page named in a _toc.yml, the root first, in reading order (no extension)."""
     import yaml
 
     toc = yaml.safe_load(toc_text)
-    return [d for d in _toc_files(toc.get("parts", [])) if CHAPTER_DOC.match(d)]
+    root = re.sub(r"\.(md|ipynb)$", "", str(toc["root"]))
+    return [root, *_toc_files(toc.get("parts", []) + toc.get("chapters", []))]
+
+
+def chapter_docnames(toc_text: str) -> list[str]:
+    """Chapter pages named in a _toc.yml (``book/NN_slug/...``), in reading order."""
+    return [d for d in toc_docnames(toc_text) if CHAPTER_DOC.match(d)]
 
 
 def chapter_of(docname: str) -> str:

@@ -18,9 +18,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "scripts"))
+
+from measure_pages import toc_docnames  # noqa: E402
+
 BUILD_DIR = ROOT / "_build"
 HTML_DIR = BUILD_DIR / "html"
 # Written by scripts/build_book.py after a successful build, and only then.
@@ -57,21 +59,10 @@ class TocPage:
         return f"{self.docname}.html"
 
 
-def _toc_docnames(entries: list[dict[str, Any]]) -> Iterator[str]:
-    for entry in entries:
-        if "file" in entry:
-            yield str(entry["file"])
-        for key in ("chapters", "sections", "parts"):
-            yield from _toc_docnames(entry.get(key, []))
-
-
 def toc_pages() -> list[TocPage]:
     """Every page named in _toc.yml, root first, in reading order."""
-    toc = yaml.safe_load((ROOT / "_toc.yml").read_text(encoding="utf-8"))
-    docnames = [str(toc["root"]), *_toc_docnames(toc.get("parts", []) + toc.get("chapters", []))]
     pages = []
-    for docname in docnames:
-        docname = re.sub(r"\.(md|ipynb)$", "", docname)
+    for docname in toc_docnames((ROOT / "_toc.yml").read_text(encoding="utf-8")):
         sources = [ROOT / f"{docname}{ext}" for ext in (".md", ".ipynb")]
         source = next((s for s in sources if s.is_file()), sources[0])
         pages.append(TocPage(docname, source, HTML_DIR / f"{docname}.html"))

@@ -23,6 +23,7 @@ from course.sandbox.limits import Limits
 __all__ = [
     "NbgraderError",
     "assignment_ids",
+    "call_nbgrader",
     "course_root",
     "create_gradebook",
     "generate_assignment",
@@ -155,20 +156,28 @@ def nbgrader_api(course: Path) -> Any:
     return NbGraderAPI(config=config)
 
 
-def generate_assignment(course: Path, assignment: str) -> None:
-    """``nbgrader generate_assignment ASSIGNMENT --force`` in ``course``, through nbgrader's
-    API in this process (:func:`nbgrader_api`): a caller that releases several assignments,
-    or several courses, imports nbgrader once instead of starting it for each."""
+def call_nbgrader(course: Path, command: str, *args: Any, **kwargs: Any) -> dict[str, Any]:
+    """``NbGraderAPI.<command>(*args, **kwargs)`` on ``course``, in this process
+    (:func:`nbgrader_api`): a caller that runs several commands, or several courses,
+    imports nbgrader once instead of starting it for each. Returns nbgrader's result
+    (``success``, ``log``); raises :class:`NbgraderError` with the end of its error."""
     here = os.getcwd()  # nbgrader changes into the course folder
     try:
         with scripts_on_path(), warnings.catch_warnings():
             warnings.simplefilter("ignore")  # as run_nbgrader's PYTHONWARNINGS=ignore
-            result = nbgrader_api(course).generate_assignment(assignment, force=True, create=True)
+            result: dict[str, Any] = getattr(nbgrader_api(course), command)(*args, **kwargs)
     finally:
         os.chdir(here)
     if not result["success"]:
         tail = "\n".join(str(result.get("error") or result.get("log")).strip().splitlines()[-15:])
-        raise NbgraderError(f"nbgrader generate_assignment {assignment} failed:\n{tail}")
+        raise NbgraderError(f"nbgrader {command} failed:\n{tail}")
+    return result
+
+
+def generate_assignment(course: Path, assignment: str) -> None:
+    """``nbgrader generate_assignment ASSIGNMENT --force`` in ``course``, in this process
+    (:func:`call_nbgrader`)."""
+    call_nbgrader(course, "generate_assignment", assignment, force=True, create=True)
 
 
 def run_nbgrader(course: Path, *args: str, timeout_s: float = 1800) -> str:

@@ -271,9 +271,9 @@ def _reap(children: dict[int, socket.socket]) -> None:
 
 
 def serve(path: str, modules: Iterable[str] = PRELOAD) -> int:
-    """Listen on ``path`` and say so, preload ``modules``, then fork a kernel per launch (launches
-    that came during the preload wait in the backlog); end with the process that started
-    the server."""
+    """Listen on ``path`` and say so, preload ``modules``, then fork a kernel per launch
+    (launches that came during the preload wait in the backlog); end with the process that
+    started the server."""
     fresh_path = sys.path[1:]  # without this file's folder, as ipykernel_launcher starts
     parent = os.getppid()
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -354,7 +354,8 @@ def main(argv: list[str]) -> int:
         return serve(argv[1], argv[2:] or PRELOAD)
     if argv[:1] == ["launch"]:
         return launch(argv[1:])
-    print("usage: kernel_server.py serve SOCKET | launch -f CONNECTION_FILE", file=sys.stderr)
+    print("usage: kernel_server.py serve SOCKET [MODULE ...] | launch -f CONNECTION_FILE",
+          file=sys.stderr)
     return 2
 
 

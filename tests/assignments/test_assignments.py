@@ -18,7 +18,6 @@ from __future__ import annotations
 import ast
 import csv
 import importlib
-import os
 import pkgutil
 import re
 import shutil
@@ -32,7 +31,13 @@ import pytest
 
 import assignments
 from course.apps.autograde import COURSE_ID, is_test_cell
-from course.apps.scratch import make_course, nbgrader_api, scripts_on_path
+from course.apps.scratch import (
+    call_nbgrader,
+    generate_assignment,
+    make_course,
+    nbgrader_api,
+    scripts_on_path,
+)
 from course.checks import HIDDEN_TEST_MODULES
 
 pytestmark = pytest.mark.notebooks
@@ -114,17 +119,6 @@ def empty_gradebook(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
-def _nbgrader(course: Path, command: str, *args: Any, **kwargs: Any) -> None:
-    """``NbGraderAPI.<command>(*args, **kwargs)`` on ``course``; raise on failure."""
-    here = os.getcwd()  # nbgrader changes into the course folder
-    try:
-        with scripts_on_path():
-            result = getattr(nbgrader_api(course), command)(*args, **kwargs)
-    finally:
-        os.chdir(here)
-    assert result["success"], f"nbgrader {command} failed:\n{result.get('error')}"
-
-
 def _export(course: Path) -> None:
     """``grades.csv``, as ``nbgrader export`` writes it with the course's export plugin."""
     from nbgrader.api import Gradebook
@@ -149,7 +143,7 @@ def batch(
         tmp_path_factory.mktemp(assignment), ROOT, [assignment], timeout_s=TIMEOUT_S
     )
     shutil.copyfile(empty_gradebook, course / "gradebook.db")
-    _nbgrader(course, "generate_assignment", assignment, force=True, create=True)
+    generate_assignment(course, assignment)
     release = course / "exercises" / assignment / f"{module.NOTEBOOK}.ipynb"
     right = _solution_answers(module)
     students = {"solution": right, "blank": {}}
@@ -159,7 +153,7 @@ def batch(
         path = course / "submitted" / student / assignment / f"{module.NOTEBOOK}.ipynb"
         path.parent.mkdir(parents=True)
         nbformat.write(_submission(release, answers), path)
-    _nbgrader(course, "autograde", assignment, "*", create=True)
+    call_nbgrader(course, "autograde", assignment, "*", create=True)
     _export(course)
     source = nbformat.read(_source(module), as_version=4)
     tests = [str(_grade_id(c)) for c in source.cells if is_test_cell(c)]
