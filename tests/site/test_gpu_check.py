@@ -57,8 +57,8 @@ class Rehearsal:
         self.writes: list[str] = []
         real = gpu_check.write_json_atomic
 
-        def spy(path: Path, doc: dict[str, Any]) -> None:
-            real(path, doc)
+        def spy(path: Path, doc: dict[str, Any], indent: int | None = 1) -> None:
+            real(path, doc, indent)
             self.writes.append(path.read_text())  # what a reader would see at this moment
 
         monkeypatch.setattr(gpu_check, "write_json_atomic", spy)
@@ -275,6 +275,9 @@ def test_every_write_is_valid_json_and_the_summary_is_printed_last(
     counts = [len(d["measurements"]) for d in docs]
     assert counts == sorted(counts) and counts[-1] == len(run.doc["measurements"])
     assert docs[0]["status"] == "running" and docs[-1]["status"] == "complete"
+    # One line while running; the file the run leaves is indented for a reader.
+    assert all(text.count("\n") == 1 for text in run.writes[:-1])
+    assert run.writes[-1].startswith('{\n "') and run.path.read_text() == run.writes[-1]
     # The preflight is on file before any measurement.
     first = next(d for d in docs if d["measurements"])
     assert first["preflight"]["torch"]["version"] == torch.__version__
