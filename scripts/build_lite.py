@@ -202,8 +202,8 @@ def compiled_python(wheels: dict[str, Path], pyodide_dir: Path) -> tuple[dict[st
         shutil.rmtree(CACHE_DIR / "compiled", ignore_errors=True)
         partial = folder.with_name(folder.name + ".partial")
         try:
-            pyodide_compile.compile_wheels(sorted(wheels.values()), pyodide_dir, partial)
-            pyodide_compile.compile_stdlib(pyodide_dir, partial)
+            pyodide_compile.compile_wheels(sorted(wheels.values()), pyodide_dir, partial,
+                                           stdlib=True)
         except pyodide_compile.CompileError as exc:
             raise LiteBuildError(str(exc)) from None
         partial.rename(folder)  # whole or absent: a build stopped half-way compiles again
